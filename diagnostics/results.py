@@ -1,0 +1,116 @@
+"""The result document (DESIGN.md §4) as typed data, plus the status and exit-code rules."""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional
+
+from . import errors
+
+SCHEMA = 1
+STATUSES = ("ok", "warn", "fail", "error")  # also the order "worst last"
+_RANK = {s: i for i, s in enumerate(STATUSES)}
+ERROR_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter",
+                "upload", "timeout", "crashed", "killed", "internal")
+_EXIT_BY_STATUS = {"ok": errors.EXIT_OK, "warn": errors.EXIT_WARN,
+                   "fail": errors.EXIT_FAIL, "error": errors.EXIT_ERROR}
+
+
+def status_rank(status: str) -> int:
+    """0 for ok … 3 for error; unknown statuses rank as error (never hide a problem)."""
+    return _RANK.get(status, _RANK["error"])
+
+
+def worst_status(statuses: Iterable[str]) -> str:
+    worst = "ok"
+    for s in statuses:
+        if status_rank(s) > status_rank(worst):
+            worst = s if s in _RANK else "error"
+    return worst
+
+
+def exit_code(results: Iterable["Result"]) -> int:
+    """Nagios-style: 0 all ok, 1 worst warn, 2 worst fail, 3 worst error."""
+    return _EXIT_BY_STATUS[worst_status(r.status for r in results)]
+
+
+@dataclass
+class Finding:
+    level: str
+    code: str
+    message: str
+    hint: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {"level": self.level, "code": self.code, "message": self.message}
+        if self.hint:
+            d["hint"] = self.hint
+        return d
+
+
+@dataclass
+class ErrorInfo:
+    layer: str
+    type: str
+    message: str
+    traceback: Optional[str] = None
+    stderr: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"layer": self.layer, "type": self.type, "message": self.message,
+                "traceback": self.traceback, "stderr": self.stderr}
+
+
+@dataclass
+class Result:
+    diagnostic: str
+    target: str
+    status: str
+    summary: str
+    findings: List[Finding] = field(default_factory=list)
+    data: Dict[str, Any] = field(default_factory=dict)
+    log: List[Dict[str, Any]] = field(default_factory=list)
+    error: Optional[ErrorInfo] = None
+    duration_s: float = 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "diagnostic": self.diagnostic,
+            "target": self.target,
+            "status": self.status,
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in self.findings],
+            "data": self.data,
+            "log": self.log,
+            "error": self.error.to_dict() if self.error else None,
+            "duration_s": round(self.duration_s, 3),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Result":
+        err = d.get("error")
+        return cls(
+            diagnostic=str(d.get("diagnostic", "")),
+            target=str(d.get("target", "")),
+            status=d.get("status") if d.get("status") in _RANK else "error",
+            summary=str(d.get("summary", "")),
+            findings=[Finding(level=f.get("level", "warn"), code=f.get("code", ""),
+                              message=f.get("message", ""), hint=f.get("hint"))
+                      for f in d.get("findings") or []],
+            data=d.get("data") or {},
+            log=list(d.get("log") or []),
+            error=ErrorInfo(layer=err.get("layer", "internal"), type=err.get("type", ""),
+                            message=err.get("message", ""), traceback=err.get("traceback"),
+                            stderr=err.get("stderr")) if err else None,
+            duration_s=float(d.get("duration_s") or 0.0),
+        )
+
+    @classmethod
+    def failure(cls, diagnostic: str, target: str, layer: str, message: str, *,
+                type: str = "", stderr: Optional[str] = None, traceback: Optional[str] = None,
+                duration_s: float = 0.0) -> "Result":
+        """A target that could not be checked: status ``error`` with the layer that failed."""
+        return cls(diagnostic=diagnostic, target=target, status="error",
+                   summary=f"{layer}: {message}",
+                   error=ErrorInfo(layer=layer, type=type or layer, message=message,
+                                   traceback=traceback, stderr=stderr),
+                   duration_s=duration_s)
