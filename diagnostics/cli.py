@@ -1,0 +1,165 @@
+"""What every task does around its diagnostic: parse common flags, pick targets, run, render, exit.
+
+Kept out of ``tasks.py`` so the task wrappers stay thin and this stays testable without Invoke.
+"""
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Sequence, TextIO, Union
+
+from invoke import Exit
+
+from . import render, runner, topology
+from .bundle import Job
+from .errors import EXIT_INTERRUPTED, InputError
+from .results import Result, exit_code
+from .topology import Target
+
+JobSource = Union[Job, Callable[[Target], Job]]
+
+
+@dataclass
+class Options:
+    """The common flags (DESIGN.md §1), as given on the command line (numbers still strings)."""
+    host: Sequence[str] = ()
+    group: Sequence[str] = ()
+    hosts_file: Optional[str] = None
+    json: bool = False
+    save: Optional[str] = None
+    parallel: Optional[str] = None
+    timeout: Optional[str] = None
+    keep_remote: bool = False
+
+
+def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = False) -> Optional[float]:
+    """``--timeout abc`` is bad input (exit 4), named by its flag."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    pattern = r"[0-9]+" if integer else r"[0-9]+(\.[0-9]*)?|\.[0-9]+"
+    if not re.fullmatch(pattern, text) or float(text) <= 0:
+        kind = "a positive integer" if integer else "a positive number of seconds"
+        raise InputError(f"{flag}: expected {kind}, got {value!r}")
+    return int(text) if integer else float(text)
+
+
+def select_targets(opts: Options) -> List[Target]:
+    topo = topology.load(opts.hosts_file)
+    return topo.select(list(_split(opts.host)), list(_split(opts.group)))
+
+
+def _split(values: Sequence[str]) -> List[str]:
+    """Repeatable flags; a value may also be a comma list (node sets keep their brackets)."""
+    out = []
+    for value in values or ():
+        out.extend(v for v in _split_top_level_commas(value) if v)
+    return out
+
+
+def _split_top_level_commas(value: str) -> List[str]:
+    parts, depth, current = [], 0, []
+    for ch in value:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _read_local(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: {exc.strerror}")
+
+
+def script_file_job(path: str, argv: Sequence[str], puts: Sequence[str]) -> Job:
+    """``run-script``: the user's script and its ``--put`` files, all inside the bundle."""
+    try:
+        source = _read_local("run-script", path)
+        extra = {}
+        for put in puts:
+            name = os.path.basename(put)
+            if name in extra or name == os.path.basename(path):
+                raise InputError(f"--put {put}: two uploaded files would be named {name!r}")
+            extra[name] = _read_local("--put", put)
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    return Job(diagnostic="run-script", script_name=os.path.basename(path), script_source=source,
+               argv=tuple(argv), mode="script", extra_files=extra)
+
+
+def save_results(directory: str, results: Sequence[Result]) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for r in results:
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", r.target) or "target"
+        with open(os.path.join(directory, f"{name}.json"), "w") as f:
+            json.dump(r.to_dict(), f, indent=2)
+    with open(os.path.join(directory, "summary.json"), "w") as f:
+        json.dump({"summary": render.summary_line(results), "exit_code": exit_code(results),
+                   "targets": {r.target: r.status for r in results}}, f, indent=2)
+
+
+def execute(opts: Options, job: JobSource, *, out: TextIO = None) -> List[Result]:
+    """Run ``job`` on the selected targets and print; raises ``Exit`` with the exit code."""
+    out = out or sys.stdout
+    try:
+        timeout = parse_positive_number("--timeout", opts.timeout)
+        parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
+        targets = select_targets(opts)
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+
+    def job_for(target: Target) -> Job:
+        j = job(target) if callable(job) else job
+        changes = {}
+        if timeout is not None:
+            changes["timeout"] = timeout
+        if opts.keep_remote:
+            changes["keep_remote"] = True
+        return replace(j, **changes) if changes else j
+
+    try:
+        results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL)
+    except KeyboardInterrupt:
+        raise Exit("mldiag: interrupted", code=EXIT_INTERRUPTED)
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    if opts.save:
+        save_results(opts.save, results)
+    if opts.json:
+        render.render_json(results, out)
+    else:
+        render.render_table(results, out)
+    out.flush()
+    code = exit_code(results)
+    if code:
+        raise Exit(code=code)
+    return results
+
+
+def show_hosts(opts: Options, *, out: TextIO = None) -> None:
+    from .hops import describe_target
+    out = out or sys.stdout
+    try:
+        topo = topology.load(opts.hosts_file)
+        targets = topo.select(list(_split(opts.host)), list(_split(opts.group))) \
+            if (opts.host or opts.group) else list(topo.targets.values())
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    rows = [(t.name, describe_target(t)) for t in targets]
+    if opts.json:
+        json.dump([{"name": name, "chain": chain} for name, chain in rows], out, indent=2)
+        out.write("\n")
+    else:
+        render.render_hosts(rows, out)

@@ -1,0 +1,134 @@
+"""Container hops, one small class per runtime: how to exec into it and how to push a file in.
+
+Each mirrors its tool's own CLI; ``classify`` knows that tool's messages for a missing or
+stopped container.  ``exec_user`` becomes the tool's user flag where it has one, else ``runuser``.
+"""
+
+import re
+from typing import List, Optional, Sequence
+
+from .base import Classification, Wrapper, find_line
+
+
+class _Container(Wrapper):
+    tool = "?"
+    missing = ()       # stderr fragments meaning "no such container"
+    stopped = ()       # ... "container not running"
+
+    def __init__(self, id: str, exec_user: Optional[str] = None):
+        self.id = id
+        self.exec_user = exec_user
+
+    def _as_user(self, argv: Sequence[str]) -> List[str]:
+        if self.exec_user:
+            return ["runuser", "-u", self.exec_user, "--"] + list(argv)
+        return list(argv)
+
+    def describe(self) -> str:
+        user = f" as {self.exec_user}" if self.exec_user else ""
+        return f"{self.tool} {self.id}{user}"
+
+    def classify(self, exit_code, stderr) -> Classification:
+        line = find_line(stderr, *self.stopped)
+        if line:
+            return "container", f"{self.describe()}: not running ({line})"
+        line = find_line(stderr, *self.missing)
+        if line:
+            return "container", f"{self.describe()}: not found ({line})"
+        line = find_line(stderr, f"{self.tool}: not found", f"{self.tool}: command not found")
+        if line:
+            return "container", f"{self.tool} is not installed on the host ({line})"
+        return None
+
+
+class Pct(_Container):
+    """Proxmox: ``pct exec VMID -- argv`` is ``lxc-attach -n VMID -- argv`` (no shell)."""
+    kind = tool = "pct"
+    missing = ("does not exist",)
+    stopped = ("not running",)
+
+    def wrap(self, argv):
+        return ["pct", "exec", self.id, "--"] + self._as_user(argv)
+
+    def put_argv(self, src, dest):
+        return ["pct", "push", self.id, src, dest, "--perms", "0600"]
+
+
+class Lxc(_Container):
+    kind = tool = "lxc"
+    missing = ("does not exist", "no container named")
+    stopped = ("is not running", "failed to get init pid")
+
+    def wrap(self, argv):
+        return ["lxc-attach", "-n", self.id, "--"] + self._as_user(argv)
+
+    def put_argv(self, src, dest):
+        # lxc has no push; dd reads the host file from our stdin redirect — done by the caller.
+        return ["lxc-attach", "-n", self.id, "--", "dd", f"of={dest}", "status=none"]
+
+    def describe(self):
+        return "lxc-attach " + super().describe().split(" ", 1)[1]
+
+
+class Docker(_Container):
+    kind = tool = "docker"
+    missing = ("no such container",)
+    stopped = ("is not running",)
+
+    def wrap(self, argv):
+        user = ["-u", self.exec_user] if self.exec_user else []
+        return [self.tool, "exec", "-i"] + user + [self.id] + list(argv)
+
+    def put_argv(self, src, dest):
+        return [self.tool, "cp", src, f"{self.id}:{dest}"]
+
+
+class Podman(Docker):
+    kind = tool = "podman"
+    missing = ("no such container", "no container with name or id")
+    stopped = ("container state improper", "is not running")
+
+
+class Kubectl(_Container):
+    kind = tool = "kubectl"
+    missing = ("(notfound)",)
+    stopped = ("container not found", "is not running", "unable to upgrade connection")
+
+    def __init__(self, id, exec_user=None, namespace=None, container=None):
+        super().__init__(id, exec_user)
+        self.namespace = namespace
+        self.container = container
+
+    def _flags(self):
+        flags = ["-n", self.namespace] if self.namespace else []
+        return flags + (["-c", self.container] if self.container else [])
+
+    def wrap(self, argv):
+        return ["kubectl", "exec", "-i"] + self._flags() + [self.id, "--"] + self._as_user(argv)
+
+    def put_argv(self, src, dest):
+        ns = f"{self.namespace}/" if self.namespace else ""
+        extra = ["-c", self.container] if self.container else []
+        return ["kubectl", "cp"] + extra + [src, f"{ns}{self.id}:{dest}"]
+
+    def describe(self):
+        where = f" -n {self.namespace}" if self.namespace else ""
+        c = f" -c {self.container}" if self.container else ""
+        return f"kubectl{where} {self.id}{c}"
+
+    def classify(self, exit_code, stderr):
+        line = find_line(stderr, "error from server (notfound)", "pods \"")
+        if line:
+            return "container", f"{self.describe()}: not found ({line})"
+        return super().classify(exit_code, stderr)
+
+
+RUNTIMES = {"pct": Pct, "lxc": Lxc, "docker": Docker, "podman": Podman, "kubectl": Kubectl}
+
+
+def for_container(container) -> Wrapper:
+    """The hop for a ``topology.Container``."""
+    cls = RUNTIMES[container.runtime]
+    if cls is Kubectl:
+        return cls(container.id, container.exec_user, container.namespace, container.container)
+    return cls(container.id, container.exec_user)

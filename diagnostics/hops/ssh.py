@@ -1,0 +1,289 @@
+"""SSH hop: Fabric connections (shared per physical host), host keys verified, raw exec channels.
+
+- One Fabric ``Connection`` per endpoint, shared by every target on that host (containers
+  included) with at most ``MAX_CHANNELS`` exec channels in flight (sshd's MaxSessions is 10).
+- Jump hosts: the jump's own pooled connection carries a ``direct-tcpip`` channel that becomes
+  the inner connection's socket, so every target behind one jump shares its transport.
+- Host keys: ssh_config's UserKnownHostsFile/GlobalKnownHostsFile (hashed entries too) are the
+  only trusted source.  Fabric's default ``AutoAddPolicy`` is replaced before connecting.
+- The command line is ``shlex.join`` of an argv whose every token is from the safe alphabet
+  (the bootstrap constant aside), checked here, right before sending.
+"""
+
+import base64
+import fcntl
+import hashlib
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import fabric
+import paramiko
+
+from ..bundle import BOOT
+from ..topology import is_safe_token
+from .base import ProcessOutput
+from .sshconfig import Endpoint
+
+MAX_CHANNELS = 8
+
+# Observers of every command line sent over SSH (tests register one to check the invariant).
+command_observers: List[Callable[[str, List[str]], None]] = []
+
+
+class TransportError(Exception):
+    """A connection-level failure, already classified by layer."""
+
+    def __init__(self, layer: str, message: str, stderr: Optional[str] = None):
+        super().__init__(message)
+        self.layer = layer
+        self.message = message
+        self.stderr = stderr
+
+
+class UnsafeCommand(AssertionError):
+    pass
+
+
+def join_checked(argv: Sequence[str]) -> str:
+    """The remote command line; refuses any token a remote shell could interpret."""
+    for token in argv:
+        if token != BOOT and not is_safe_token(token):
+            raise UnsafeCommand(f"refusing to send token {token!r}: outside the safe alphabet")
+    line = shlex.join(argv)
+    for observe in command_observers:
+        observe(line, list(argv))
+    return line
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class HostKeyUnknown(Exception):
+    pass
+
+
+class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse an unknown key (OpenSSH ``yes``/``ask``), or record it (``accept-new``/``no``)."""
+
+    _write_lock = threading.Lock()
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    def missing_host_key(self, client, hostname, key):
+        ep = self.endpoint
+        if ep.strict == "yes":
+            where = ep.known_hosts[0] if ep.known_hosts else "~/.ssh/known_hosts"
+            port = f"-p {ep.port} " if ep.port != 22 else ""
+            raise HostKeyUnknown(
+                f"host key for {ep.known_hosts_name} is not known ({key.get_name()} {fingerprint(key)}); "
+                f"verify it, then trust it with: ssh-keyscan {port}{ep.hostname} >> {where} "
+                f"(or set host_key_policy: accept-new for this host)")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if ep.known_hosts:
+            path = ep.known_hosts[0]
+            line = f"{ep.known_hosts_name} {key.get_name()} {key.get_base64()}\n"
+            with self._write_lock:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+                with open(path, "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    f.write(line)
+
+
+def _load_known_hosts(client: paramiko.SSHClient, ep: Endpoint) -> None:
+    keys = paramiko.HostKeys()
+    for path in ep.known_hosts + ep.global_known_hosts:
+        if os.path.isfile(path):
+            try:
+                keys.load(path)
+            except (OSError, paramiko.SSHException):
+                continue
+    client._system_host_keys = keys          # replaces what Fabric loaded from ~/.ssh
+    client._host_keys = paramiko.HostKeys()
+    client.set_missing_host_key_policy(KnownHostsPolicy(ep))
+
+
+class PooledConnection:
+    def __init__(self, endpoint: Endpoint, connection: fabric.Connection):
+        self.endpoint = endpoint
+        self.connection = connection
+        self.slots = threading.BoundedSemaphore(MAX_CHANNELS)
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        return self.connection.client.get_transport()
+
+    @property
+    def alive(self) -> bool:
+        t = self.transport
+        return t is not None and t.is_active()
+
+
+class SshPool:
+    """Opened connections by endpoint key; each opened once even under concurrent use."""
+
+    def __init__(self):
+        self._conns: Dict[tuple, PooledConnection] = {}
+        self._locks: Dict[tuple, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.opened = 0   # connections made (tests and the bench count them)
+
+    def _lock_for(self, key) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def get(self, ep: Endpoint) -> PooledConnection:
+        with self._lock_for(ep.key):
+            pooled = self._conns.get(ep.key)
+            if pooled and pooled.alive:
+                return pooled
+            pooled = self._open(ep)
+            self._conns[ep.key] = pooled
+            return pooled
+
+    def discard(self, ep: Endpoint) -> None:
+        with self._guard:
+            pooled = self._conns.pop(ep.key, None)
+        if pooled:
+            pooled.connection.close()
+
+    def close(self) -> None:
+        with self._guard:
+            conns, self._conns = list(self._conns.values()), {}
+        for pooled in conns:
+            try:
+                pooled.connection.close()
+            except Exception:
+                pass
+
+    def _socket(self, ep: Endpoint):
+        if ep.jump is not None:
+            try:
+                jump = self.get(ep.jump)
+            except TransportError as exc:
+                raise TransportError(exc.layer, f"jump host {ep.jump.label}: {exc.message}", exc.stderr)
+            try:
+                return jump.transport.open_channel("direct-tcpip", (ep.hostname, ep.port), ("", 0),
+                                                   timeout=ep.connect_timeout)
+            except (paramiko.ChannelException, paramiko.SSHException, OSError, EOFError) as exc:
+                raise TransportError("unreachable", f"jump host {ep.jump.label} could not reach "
+                                     f"{ep.hostname}:{ep.port}: {exc or type(exc).__name__}")
+        if ep.proxy_command:
+            return paramiko.ProxyCommand(ep.proxy_command)
+        try:
+            sock = socket.create_connection((ep.hostname, ep.port), timeout=ep.connect_timeout)
+        except socket.gaierror as exc:
+            raise TransportError("unreachable", f"cannot resolve {ep.hostname}: {exc.strerror}")
+        except socket.timeout:
+            raise TransportError("unreachable", f"connect to {ep.hostname}:{ep.port} timed out "
+                                 f"after {ep.connect_timeout:g} s")
+        except OSError as exc:
+            raise TransportError("unreachable", f"connect to {ep.hostname}:{ep.port}: "
+                                 f"{exc.strerror or exc}")
+        # NOTE: without TCP_NODELAY every small write waits for the peer's delayed ACK (~40 ms).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _open(self, ep: Endpoint) -> PooledConnection:
+        sock = self._socket(ep)
+        connect_kwargs = {"sock": sock, "look_for_keys": False,
+                          "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")),
+                          "banner_timeout": ep.connect_timeout, "auth_timeout": ep.connect_timeout}
+        if ep.identity_files:
+            connect_kwargs["key_filename"] = list(ep.identity_files)
+        # An empty SSHConfig: ssh_config was already applied through `ssh -G`.
+        config = fabric.Config(ssh_config=paramiko.SSHConfig())
+        conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port, config=config,
+                                 connect_timeout=ep.connect_timeout, connect_kwargs=connect_kwargs)
+        _load_known_hosts(conn.client, ep)
+        where = f"{ep.user}@{ep.known_hosts_name}"
+        try:
+            conn.open()
+        except HostKeyUnknown as exc:
+            raise TransportError("hostkey", str(exc))
+        except paramiko.BadHostKeyException as exc:
+            raise TransportError("hostkey", (
+                f"REMOTE HOST IDENTIFICATION HAS CHANGED for {ep.known_hosts_name}: it offered "
+                f"{exc.key.get_name()} {fingerprint(exc.key)}, known_hosts has "
+                f"{fingerprint(exc.expected_key)}. Someone could be eavesdropping, or the host was "
+                f"reinstalled; if you trust the change, remove the old key with: "
+                f"ssh-keygen -R '{ep.known_hosts_name}'"))
+        except paramiko.AuthenticationException as exc:
+            tried = ", ".join(ep.identity_files) or "no identity files"
+            raise TransportError("auth", f"authentication refused for {where} ({exc}; tried {tried})")
+        except (socket.timeout, TimeoutError):
+            raise TransportError("unreachable", f"{where}: no SSH answer within {ep.connect_timeout:g} s")
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError("unreachable", f"{where}: {exc or type(exc).__name__}")
+        transport = conn.client.get_transport()
+        transport.set_keepalive(30)
+        self.opened += 1
+        return PooledConnection(ep, conn)
+
+
+class SshTransport:
+    kind = "ssh"
+
+    def __init__(self, endpoint: Endpoint, pool: SshPool):
+        self.endpoint = endpoint
+        self.pool = pool
+
+    def describe(self) -> str:
+        via = []
+        jump = self.endpoint.jump
+        while jump is not None:
+            via.append(jump.label)
+            jump = jump.jump
+        return self.endpoint.describe() + (f" (via {', '.join(reversed(via))})" if via else "")
+
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> ProcessOutput:
+        command = join_checked(argv)
+        pooled = self.pool.get(self.endpoint)
+        with pooled.slots:
+            try:
+                chan = pooled.transport.open_session(timeout=self.endpoint.connect_timeout)
+                chan.exec_command(command)
+                chan.sendall(payload)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self.pool.discard(self.endpoint)
+                raise TransportError("unreachable", f"{self.endpoint.describe()}: cannot start the "
+                                     f"command: {exc or type(exc).__name__}")
+            try:
+                return _collect(chan, deadline)
+            finally:
+                chan.close()
+                if not pooled.alive:
+                    self.pool.discard(self.endpoint)
+
+    def close(self):
+        pass
+
+
+def _collect(chan: paramiko.Channel, deadline: float) -> ProcessOutput:
+    """Read stdout/stderr until the command ends, the link dies, or the deadline passes.
+    stdin stays open throughout: its EOF would tell the runtime to stop the diagnostic."""
+    out, err = bytearray(), bytearray()
+    while True:
+        while chan.recv_ready():
+            out += chan.recv(65536)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        if chan.exit_status_ready() and chan.eof_received:
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            return ProcessOutput(bytes(out), bytes(err), chan.recv_exit_status())
+        if chan.closed or not chan.get_transport().is_active():
+            return ProcessOutput(bytes(out), bytes(err), None, lost="the SSH connection was closed")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return ProcessOutput(bytes(out), bytes(err), None, timed_out=True)
+        select.select([chan], [], [], min(remaining, 1.0))

@@ -1,0 +1,340 @@
+"""Table (folded, ClusterShell-style) and JSON views of results, written to a passed-in stream.
+
+Everything here is a pure function of its arguments (gpustat style): no global state, no
+terminal detection; the caller picks the stream and whether to colour.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+
+from .results import ERROR_LAYERS, STATUSES, Finding, Result, status_rank
+
+STDERR_TAIL_LINES = 20
+STDERR_LINE_CHARS = 400   # a single many-MB line must not flood the terminal
+DETAIL_INDENT = "  "
+LEVEL_WIDTH = 5           # "error"; so messages and hints start at column 8
+CONT_INDENT = " " * (len(DETAIL_INDENT) + LEVEL_WIDTH + 1)
+SEP = " \N{MIDDLE DOT} "
+
+_COLORS = {"ok": "\033[32m", "warn": "\033[33m", "fail": "\033[31m", "error": "\033[1;31m"}
+_RESET = "\033[0m"
+# What replaces our own non-ASCII symbols on a stream that cannot encode them.
+_ASCII_FALLBACK = {"\N{MIDDLE DOT}": "-", "\N{RIGHTWARDS ARROW}": "->", "\N{HORIZONTAL ELLIPSIS}": "..."}
+
+
+# --------------------------------------------------------------------------- folding
+
+def _natural_key(name: str) -> Tuple[Tuple[Any, ...], str]:
+    """``node2`` before ``node10``; the raw name breaks ties (``n1`` vs ``n01``)."""
+    parts = re.split(r"(\d+)", name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
+
+
+def _read_back(name: str) -> Optional[NodeSet]:
+    """``name`` as a one-node NodeSet when ClusterShell reads it back as exactly that node.
+
+    ``,``, brackets, the ``!&^`` operators and surrounding whitespace mean something to the
+    node-set parser; for such names this returns None and they are shown as they are.
+    """
+    if "[" in name:
+        return None   # brackets never read back as themselves; and x[1-99999999] is huge
+    try:
+        single = NodeSet(name, resolver=RESOLVER_NOGROUP)
+    except NodeSetException:
+        return None
+    return single if len(single) == 1 and str(single) == name else None
+
+
+def fold_names(names: Iterable[str]) -> str:
+    """``gpu01..gpu08, gpu12`` → ``gpu[01-08,12]``; duplicates collapse.
+
+    Folding is ClusterShell's (group syntax off, so ``@x`` is a plain name and no group
+    source is ever consulted). ``:`` is a plain name character to ClusterShell, so Slurm
+    rows fold too: ``cluster-a:n[1-4]``. Names the parser would read as something else
+    (``a,b``, ``x[1]``, ``bad]``) follow as a plain comma list, in natural order.
+    """
+    folded = NodeSet(resolver=RESOLVER_NOGROUP)
+    plain: List[str] = []
+    for name in dict.fromkeys(str(n) for n in names):
+        single = _read_back(name)
+        if single is None:
+            plain.append(name)
+        else:
+            folded.update(single)
+    parts = [str(folded)] if len(folded) else []
+    parts.extend(sorted(plain, key=_natural_key))
+    return ",".join(parts)
+
+
+def _fold_key(r: Result) -> Tuple[Any, ...]:
+    findings = tuple((f.level, f.code, f.message, f.hint) for f in r.findings)
+    err = (r.error.layer, r.error.message) if r.error else None
+    return (r.status, r.summary, findings, err)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Results that read the same, under one folded name; ``results[0]`` speaks for all."""
+
+    name: str
+    results: Tuple[Result, ...]
+
+    @property
+    def first(self) -> Result:
+        return self.results[0]
+
+    @property
+    def status(self) -> str:
+        return self.first.status
+
+    @property
+    def summary(self) -> str:
+        return self.first.summary
+
+    @property
+    def findings(self) -> List[Finding]:
+        return self.first.findings
+
+    @property
+    def targets(self) -> List[str]:
+        return [r.target for r in self.results]
+
+
+def fold(results: Iterable[Result]) -> List[Group]:
+    """Gather identical results (status, summary, findings, error layer and message).
+
+    Groups come worst status first (error, fail, warn, ok), then by their first target name
+    in natural order; inside a group, results are in that same name order.
+    """
+    buckets: Dict[Tuple[Any, ...], List[Result]] = {}
+    for r in results:
+        buckets.setdefault(_fold_key(r), []).append(r)
+    groups = []
+    for members in buckets.values():
+        members.sort(key=lambda r: _natural_key(r.target))
+        groups.append(Group(name=fold_names(r.target for r in members), results=tuple(members)))
+    groups.sort(key=lambda g: (-status_rank(g.status), _natural_key(g.first.target)))
+    return groups
+
+
+# --------------------------------------------------------------------------- text hygiene
+
+def _escape_controls(text: str) -> str:
+    """Control characters as visible escapes: remote text must not drive the terminal."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or 0x7F <= code < 0xA0:
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{code:02x}"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _cell(text: Any) -> str:
+    """A one-line table cell."""
+    return _escape_controls("" if text is None else str(text))
+
+
+def _lines(text: Optional[str]) -> List[str]:
+    """Lines as a terminal would show them: ``\\r`` redraws keep their last segment."""
+    if not text:
+        return []
+    lines = []
+    for raw in str(text).split("\n"):
+        raw = raw.rstrip("\r")
+        if "\r" in raw:
+            segments = [seg for seg in raw.split("\r") if seg]
+            raw = segments[-1] if segments else ""
+        lines.append(_escape_controls(raw.expandtabs(8)))
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _clip(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    return line[:width] + f"\N{HORIZONTAL ELLIPSIS} (+{len(line) - width} chars)"
+
+
+def _paint(text: str, status: str, color: bool) -> str:
+    if not color or status not in _COLORS:
+        return text
+    return _COLORS[status] + text + _RESET
+
+
+def _emit(stream: TextIO, text: str) -> None:
+    """Write ``text``; on a stream that cannot encode our symbols, ASCII stand-ins."""
+    encoding = getattr(stream, "encoding", None)
+    if encoding:
+        try:
+            text.encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            for symbol, ascii_ in _ASCII_FALLBACK.items():
+                text = text.replace(symbol, ascii_)
+            try:
+                text = text.encode(encoding, "backslashreplace").decode(encoding)
+            except LookupError:
+                pass
+    stream.write(text)
+
+
+# --------------------------------------------------------------------------- table
+
+def _detail(level: str, text_lines: Sequence[str], color: bool) -> List[str]:
+    """``  fail  code: message`` plus continuation lines under the message column."""
+    head = _paint(level, level, color) + " " * (LEVEL_WIDTH - len(level))
+    first = text_lines[0] if text_lines else ""
+    out = [f"{DETAIL_INDENT}{head} {first}".rstrip()]
+    out.extend((CONT_INDENT + line).rstrip() for line in text_lines[1:])
+    return out
+
+
+def _finding_lines(f: Finding, color: bool) -> List[str]:
+    msg = _lines(f.message) or [""]
+    code = _cell(f.code)
+    if code:
+        msg[0] = f"{code}: {msg[0]}" if msg[0] else f"{code}:"
+    out = _detail(_cell(f.level), msg, color)
+    hint = _lines(f.hint)
+    if hint:
+        out.append(f"{CONT_INDENT}hint: {hint[0]}")
+        out.extend(CONT_INDENT + "      " + line for line in hint[1:])
+    return out
+
+
+def _error_text(err: Any) -> List[str]:
+    """``unreachable: message``; the exception type when it adds something; never empty."""
+    message = _lines(err.message)
+    etype = _cell(err.type)
+    if etype and etype != err.layer and not (message and message[0].startswith(etype)):
+        message = [f"{etype}: {message[0]}" if message else etype] + message[1:]
+    if not message:
+        message = [etype or "(no message)"]
+    message[0] = f"{_cell(err.layer)}: {message[0]}"
+    return message
+
+
+def _error_lines(group: Group, color: bool) -> List[str]:
+    err = group.first.error
+    out = _detail("error", _error_text(err), color)
+    differs = any((r.error.type, r.error.traceback, r.error.stderr)
+                  != (err.type, err.traceback, err.stderr) for r in group.results[1:])
+    if differs and (err.traceback or err.stderr):
+        out.append(f"{CONT_INDENT}(details of {_cell(group.first.target)}; "
+                   "the others differ, --json has each)")
+    # NOTE: a crashed diagnostic shows its whole traceback: the last frame alone is
+    # rarely the one to fix.
+    out.extend((CONT_INDENT + line).rstrip() for line in _lines(err.traceback))
+    stderr = _lines(err.stderr)
+    if stderr:
+        if len(stderr) > STDERR_TAIL_LINES:
+            out.append(f"{CONT_INDENT}stderr (last {STDERR_TAIL_LINES} of {len(stderr)} lines):")
+            stderr = stderr[-STDERR_TAIL_LINES:]
+        else:
+            out.append(f"{CONT_INDENT}stderr:")
+        out.extend((CONT_INDENT + "  " + _clip(line, STDERR_LINE_CHARS)).rstrip()
+                   for line in stderr)
+    return out
+
+
+def _columns(rows: Sequence[Sequence[str]], paint: Optional[Sequence[str]] = None,
+             color: bool = False) -> List[str]:
+    """Left-aligned columns two spaces apart, widths from content, no trailing blanks.
+
+    ``paint`` (one status per row) colours the second column after padding it.
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for n, row in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]
+        if paint is not None and paint[n] is not None:
+            word = row[1]
+            cells[1] = _paint(word, paint[n], color) + cells[1][len(word):]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
+    """Header, one row per folded group with its findings/error under it, blank, summary."""
+    results = list(results)
+    groups = fold(results)
+    if not groups:
+        _emit(stream, summary_line(results) + "\n")
+        return
+    rows = [("TARGETS", "STATUS", "SUMMARY")]
+    rows += [(_cell(g.name), _cell(g.status), _cell(g.summary)) for g in groups]
+    table = _columns(rows, paint=[None] + [g.status for g in groups], color=color)
+    lines = [table[0]]
+    for group, row in zip(groups, table[1:]):
+        lines.append(row)
+        for f in group.findings:
+            lines.extend(_finding_lines(f, color))
+        if group.first.error is not None:
+            lines.extend(_error_lines(group, color))
+    lines += ["", summary_line(results)]
+    _emit(stream, "\n".join(lines) + "\n")
+
+
+def summary_line(results: Iterable[Result]) -> str:
+    """``62 ok · 1 warn · 2 error (1 unreachable, 1 timeout)``; ``no targets`` when empty."""
+    counts = {s: 0 for s in STATUSES}
+    layers: Dict[str, int] = {}
+    for r in results:
+        status = r.status if r.status in counts else "error"
+        counts[status] += 1
+        if status == "error":
+            layer = r.error.layer if r.error is not None and r.error.layer else "unknown"
+            layers[layer] = layers.get(layer, 0) + 1
+    parts = []
+    for status in STATUSES:
+        if counts[status]:
+            parts.append(f"{counts[status]} {status}")
+    if layers:
+        order = {layer: i for i, layer in enumerate(ERROR_LAYERS)}
+        ranked = sorted(layers, key=lambda layer: (order.get(layer, len(order)), layer))
+        if len(ranked) == 1:
+            parts[-1] += f" ({_cell(ranked[0])})"
+        else:
+            parts[-1] += " (" + ", ".join(f"{layers[layer]} {_cell(layer)}"
+                                          for layer in ranked) + ")"
+    return SEP.join(parts) if parts else "no targets"
+
+
+# --------------------------------------------------------------------------- JSON
+
+def _strict_json(value: Any) -> Any:
+    """NaN/±Infinity as strings: ``json.dump`` would write bare ``NaN``, which is not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def render_json(results: Iterable[Result], stream: TextIO) -> None:
+    """The list of result documents, indented, one trailing newline, nothing else."""
+    docs = _strict_json([r.to_dict() for r in results])
+    # NOTE: ensure_ascii keeps the output valid on any stream encoding; default=str turns
+    # a stray non-JSON value (a Path in data) into text instead of a traceback.
+    json.dump(docs, stream, indent=2, allow_nan=False, default=str)
+    stream.write("\n")
+
+
+# --------------------------------------------------------------------------- hosts
+
+def render_hosts(rows: Iterable[Tuple[str, str]], stream: TextIO) -> None:
+    """``TARGET  CHAIN`` in two aligned columns, one row per target, in the given order."""
+    body = [(_cell(name), _cell(chain)) for name, chain in rows]
+    if not body:
+        _emit(stream, "no targets\n")
+        return
+    _emit(stream, "\n".join(_columns([("TARGET", "CHAIN")] + body)) + "\n")

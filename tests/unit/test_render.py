@@ -1,0 +1,299 @@
+"""render.py: literal expected tables (gpustat style), summary lines, JSON, folding."""
+
+import io
+import json
+import re
+
+from diagnostics.render import (fold, fold_names, render_hosts, render_json, render_table,
+                                summary_line)
+from diagnostics.results import ErrorInfo, Finding, Result
+
+ATTN_OK = "sdpa  16/64 full-attention layers"
+
+
+def ok(target, summary=ATTN_OK):
+    return Result("check-attn", target, "ok", summary)
+
+
+def table(results, **kw):
+    out = io.StringIO()
+    render_table(results, out, **kw)
+    return out.getvalue()
+
+
+def fla_warn(target):
+    return Result("check-attn", target, "warn", "sdpa  48/64 linear-attention layers",
+                  findings=[Finding("warn", "fla-missing",
+                                    "48 of 64 layers are linear attention and "
+                                    "flash-linear-attention is missing: slow torch fallback",
+                                    hint="pip install flash-linear-attention")])
+
+
+TRACEBACK = """\
+Traceback (most recent call last):
+  File "/tmp/mldiag-k2/_runtime.py", line 88, in main
+    doc = module.run(args)
+  File "/tmp/mldiag-k2/check_attn.py", line 41, in run
+    impl = config.text_config._attn_implementation
+AttributeError: 'Qwen3Config' object has no attribute 'text_config'
+"""
+
+
+def crashed(target, stderr=None, traceback=TRACEBACK):
+    return Result("check-attn", target, "error",
+                  "crashed: AttributeError: 'Qwen3Config' object has no attribute 'text_config'",
+                  error=ErrorInfo("crashed", "AttributeError",
+                                  "'Qwen3Config' object has no attribute 'text_config'",
+                                  traceback=traceback, stderr=stderr))
+
+
+# --------------------------------------------------------------------------- tables
+
+def test_single_ok_target():
+    assert table([ok("local")]) == """\
+TARGETS  STATUS  SUMMARY
+local    ok      sdpa  16/64 full-attention layers
+
+1 ok
+"""
+
+
+def test_identical_results_fold_worst_first():
+    results = [ok(f"node{i:02d}") for i in range(1, 11)]
+    results.append(Result.failure("check-attn", "node12", "unreachable",
+                                  "connect to 10.0.0.12:22: Connection refused"))
+    results.append(fla_warn("node11"))
+    assert table(results) == """\
+TARGETS      STATUS  SUMMARY
+node12       error   unreachable: connect to 10.0.0.12:22: Connection refused
+  error unreachable: connect to 10.0.0.12:22: Connection refused
+node11       warn    sdpa  48/64 linear-attention layers
+  warn  fla-missing: 48 of 64 layers are linear attention and flash-linear-attention is missing: slow torch fallback
+        hint: pip install flash-linear-attention
+node[01-10]  ok      sdpa  16/64 full-attention layers
+
+10 ok · 1 warn · 1 error (unreachable)
+"""
+
+
+def test_fold_key_and_order():
+    results = [ok("gpu10"), ok("gpu2"), ok("gpu1", "other"), fla_warn("gpu3"), fla_warn("gpu12"),
+               Result("x", "gpu5", "fail", "bad"), ok("gpu9")]
+    groups = fold(results)
+    assert [(g.name, g.status) for g in groups] == [
+        ("gpu5", "fail"), ("gpu[3,12]", "warn"), ("gpu1", "ok"), ("gpu[2,9-10]", "ok")]
+    assert groups[3].targets == ["gpu2", "gpu9", "gpu10"]   # natural order, not text order
+
+
+def test_fold_distinguishes_finding_hint_and_error_message():
+    a, b = fla_warn("n1"), fla_warn("n2")
+    b.findings[0].hint = "pip install fla"
+    e1 = Result.failure("d", "n3", "timeout", "ran past 300 s")
+    e2 = Result.failure("d", "n4", "timeout", "ran past 300 s", stderr="other stderr")
+    e3 = Result.failure("d", "n5", "unreachable", "ran past 300 s")
+    names = [g.name for g in fold([a, b, e1, e2, e3])]
+    assert names == ["n[3-4]", "n5", "n1", "n2"]
+
+
+def test_crashed_result_shows_full_traceback_and_stderr_tail():
+    stderr = "".join(f"loading shard {i}\n" for i in range(1, 26))
+    assert table([crashed("trainbox", stderr=stderr), ok("b200")]) == """\
+TARGETS   STATUS  SUMMARY
+trainbox  error   crashed: AttributeError: 'Qwen3Config' object has no attribute 'text_config'
+  error crashed: AttributeError: 'Qwen3Config' object has no attribute 'text_config'
+        Traceback (most recent call last):
+          File "/tmp/mldiag-k2/_runtime.py", line 88, in main
+            doc = module.run(args)
+          File "/tmp/mldiag-k2/check_attn.py", line 41, in run
+            impl = config.text_config._attn_implementation
+        AttributeError: 'Qwen3Config' object has no attribute 'text_config'
+        stderr (last 20 of 25 lines):
+          loading shard 6
+          loading shard 7
+          loading shard 8
+          loading shard 9
+          loading shard 10
+          loading shard 11
+          loading shard 12
+          loading shard 13
+          loading shard 14
+          loading shard 15
+          loading shard 16
+          loading shard 17
+          loading shard 18
+          loading shard 19
+          loading shard 20
+          loading shard 21
+          loading shard 22
+          loading shard 23
+          loading shard 24
+          loading shard 25
+b200      ok      sdpa  16/64 full-attention layers
+
+1 ok · 1 error (crashed)
+"""
+
+
+def test_short_stderr_progress_redraws_and_empty_message():
+    err = Result("extract-smoke", "dgx01", "error", "crashed: KeyError",
+                 error=ErrorInfo("crashed", "KeyError", "",
+                                 traceback="Traceback (most recent call last):\n"
+                                           "  File \"x.py\", line 1, in <module>\n"
+                                           "KeyError: ''\n",
+                                 stderr="ok\r\n 10%|#\r 50%|#####\r100%|##########\n"))
+    assert table([err]) == """\
+TARGETS  STATUS  SUMMARY
+dgx01    error   crashed: KeyError
+  error crashed: KeyError
+        Traceback (most recent call last):
+          File "x.py", line 1, in <module>
+        KeyError: ''
+        stderr:
+          ok
+          100%|##########
+
+1 error (crashed)
+"""
+
+
+def test_folded_errors_with_different_tracebacks_say_whose_is_shown():
+    other = TRACEBACK.replace("mldiag-k2", "mldiag-q7")
+    out = table([crashed("n2", traceback=other), crashed("n1")])
+    assert out.splitlines()[1:4] == [
+        "n[1-2]   error   crashed: AttributeError: 'Qwen3Config' object has no attribute 'text_config'",
+        "  error crashed: AttributeError: 'Qwen3Config' object has no attribute 'text_config'",
+        "        (details of n1; the others differ, --json has each)",
+    ]
+    assert "mldiag-k2" in out and "mldiag-q7" not in out
+
+
+def test_multiline_finding_and_hint_stay_under_the_message_column():
+    r = Result("scan-log", "box", "fail", "2 kinds of failure in the last 500 lines",
+               findings=[Finding("fail", "nan-loss", "loss became nan\nfirst at line 120",
+                                 hint="lower the lr\nor enable grad clipping"),
+                         Finding("error", "", "no code here")])
+    assert table([r]) == """\
+TARGETS  STATUS  SUMMARY
+box      fail    2 kinds of failure in the last 500 lines
+  fail  nan-loss: loss became nan
+        first at line 120
+        hint: lower the lr
+              or enable grad clipping
+  error no code here
+
+1 fail
+"""
+
+
+def test_remote_control_characters_cannot_reach_the_terminal():
+    r = Result("x", "box", "ok", "fine\x1b[2J\nreally\tok", findings=[Finding("warn", "c", "a\x07b")])
+    assert table([r]) == """\
+TARGETS  STATUS  SUMMARY
+box      ok      fine\\x1b[2J\\nreally\\tok
+  warn  c: a\\x07b
+
+1 ok
+"""
+
+
+def test_slurm_colon_names_fold_and_odd_names_stay_plain():
+    results = [ok(f"cluster-a:n{i}") for i in (1, 2, 3)] + [ok("cluster-b:n1")]
+    results += [ok("bad]name"), ok("x[1]"), ok("a,b")]
+    assert table(results) == """\
+TARGETS                                          STATUS  SUMMARY
+cluster-a:n[1-3],cluster-b:n1,a,b,bad]name,x[1]  ok      sdpa  16/64 full-attention layers
+
+7 ok
+"""
+
+
+def test_fold_names():
+    assert fold_names(["gpu01", "gpu03", "gpu02", "gpu12", "gpu02"]) == "gpu[01-03,12]"
+    assert fold_names(["cluster-a:n3", "cluster-a:n1", "cluster-a:n2"]) == "cluster-a:n[1-3]"
+    # group syntax is off: "@h200" is a plain name, no group source is consulted
+    assert fold_names(["@h200", "node1", "node1!"]) == "@h200,node1,node1!"
+    assert fold_names(["n[1-2]", "n3"]) == "n3,n[1-2]"      # a bracket name is not a range
+    assert fold_names(["x[1-99999999]"]) == "x[1-99999999]"   # not expanded (fast)
+    assert fold_names([]) == ""
+
+
+def test_color_only_when_asked_and_alignment_unchanged():
+    results = [ok("node01"), fla_warn("node02")]
+    plain, colored = table(results), table(results, color=True)
+    assert "\x1b[" not in plain
+    assert "\x1b[33mwarn\x1b[0m" in colored
+    assert re.sub(r"\x1b\[[0-9;]*m", "", colored) == plain
+
+
+def test_empty_results():
+    assert table([]) == "no targets\n"
+
+
+def test_unencodable_symbols_fall_back_to_ascii():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    render_table([ok("a"), fla_warn("b")], stream)
+    stream.flush()
+    assert raw.getvalue().decode("ascii").endswith("\n1 ok - 1 warn\n")
+
+
+# --------------------------------------------------------------------------- summary line
+
+def test_summary_line_cases():
+    def error(layer):
+        return Result.failure("d", "t", layer, "m")
+
+    assert summary_line([]) == "no targets"
+    assert summary_line([ok("a")] * 62 + [fla_warn("w"), error("unreachable")]) == \
+        "62 ok · 1 warn · 1 error (unreachable)"
+    assert summary_line([error("timeout"), error("unreachable")]) == \
+        "2 error (1 unreachable, 1 timeout)"
+    assert summary_line([error("auth")] * 3) == "3 error (auth)"
+    assert summary_line([Result("d", "t", "fail", "x"), fla_warn("w"), ok("o")]) == \
+        "1 ok · 1 warn · 1 fail"
+    # an unknown status counts as an error (never hide a problem); no layer → "unknown"
+    assert summary_line([Result("d", "t", "bogus", "x"), error("crashed")]) == \
+        "2 error (1 crashed, 1 unknown)"
+
+
+# --------------------------------------------------------------------------- JSON
+
+def test_json_is_parseable_and_only_json():
+    results = [ok("node01"), fla_warn("node02"), crashed("trainbox", stderr="boom\n")]
+    results[0].data = {"mean": float("nan"), "max": float("inf"), "layers": [2, 16]}
+    out = io.StringIO()
+    render_json(results, out)
+    text = out.getvalue()
+    assert text.endswith("]\n") and text.count("\n") == len(text.rstrip("\n").splitlines())
+
+    def reject(constant):
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    docs = json.loads(text, parse_constant=reject)
+    assert docs[0]["data"] == {"mean": "NaN", "max": "Infinity", "layers": [2, 16]}
+    assert docs[1:] == [r.to_dict() for r in results[1:]]
+    assert docs[2]["error"]["traceback"] == TRACEBACK
+
+
+def test_json_empty():
+    out = io.StringIO()
+    render_json([], out)
+    assert out.getvalue() == "[]\n"
+
+
+# --------------------------------------------------------------------------- hosts
+
+def test_render_hosts():
+    out = io.StringIO()
+    render_hosts([("trainbox", "ssh root@10.1.2.6 (via bastion) → pct 200 → /root/venv/bin/python"),
+                  ("local", "local → python3"),
+                  ("cluster-a:n3", "ssh root@login.cluster-a → srun -w n3 → python3")], out)
+    assert out.getvalue() == """\
+TARGET        CHAIN
+trainbox      ssh root@10.1.2.6 (via bastion) → pct 200 → /root/venv/bin/python
+local         local → python3
+cluster-a:n3  ssh root@login.cluster-a → srun -w n3 → python3
+"""
+    empty = io.StringIO()
+    render_hosts([], empty)
+    assert empty.getvalue() == "no targets\n"
