@@ -114,3 +114,18 @@ def job_files(job: Job) -> Dict[str, bytes]:
 
 def bootstrap_argv(python: str) -> List[str]:
     return [python, "-c", BOOT]
+
+
+def parse_payload(payload: bytes):
+    """Inverse of ``build_payload`` (what the target reads): (stage A, runtime, header, files)."""
+    parts, rest = [], payload
+    for _ in range(4):
+        size, _, rest = rest.partition(b"\n")
+        n = int(size)
+        parts.append(rest[:n])
+        rest = rest[n:]
+    if rest:
+        raise ValueError(f"{len(rest)} trailing bytes after the bundle")
+    with zipfile.ZipFile(io.BytesIO(parts[3])) as zf:
+        files = {name: zf.read(name) for name in zf.namelist()}
+    return parts[0].decode(), parts[1], json.loads(parts[2].decode("utf-8")), files

@@ -30,6 +30,37 @@ class Chain:
         parts = [self.transport.describe()] + [w.describe() for w in self.wrappers]
         return " → ".join(parts + [self.interpreter.describe()])
 
+    def put(self, data: bytes, dest: str, *, timeout: float = 60.0) -> None:
+        """Place ``data`` at ``dest`` (mode 0600) in the innermost level, one level at a time:
+        to the host (SFTP or a local file), then pushed in by the container's own tool.
+        The streamed bundle does not need this; it is the general file-transfer path."""
+        import time
+        from .ssh import TransportError
+        container = self.wrappers[-1] if self.wrappers and self.wrappers[-1].kind != "sudo" else None
+        if container is None:
+            self.transport.put(data, dest)
+            return
+        deadline = time.monotonic() + timeout
+        made = self.transport.run(["mktemp", "-d"], b"", deadline)
+        stage = made.stdout.decode().strip()
+        if made.exit_code != 0 or not stage.startswith("/"):
+            raise TransportError("upload", f"mktemp -d on the host failed: {made.stderr.decode()[-300:]}")
+        try:
+            if getattr(container, "put_reads_stdin", False):
+                argv, payload = container.put_argv("/dev/stdin", dest), data
+            else:
+                self.transport.put(data, f"{stage}/file")
+                argv, payload = container.put_argv(f"{stage}/file", dest), b""
+            for hop in reversed(self.wrappers[:-1]):
+                argv = hop.wrap(argv)
+            out = self.transport.run(argv, payload, deadline)
+            if out.exit_code != 0:
+                layer, reason = self.classify(out.exit_code, out.stderr.decode(errors="replace")) or (
+                    "upload", out.stderr.decode(errors="replace").strip()[-300:])
+                raise TransportError(layer, f"put {dest}: {reason}")
+        finally:
+            self.transport.run(["rm", "-rf", "--", stage], b"", deadline)
+
     def classify(self, exit_code: Optional[int], stderr: str, stdout: str = "") -> Classification:
         """The outermost hop that recognises the failure names it; else the interpreter's."""
         for hop in self.wrappers:

@@ -12,6 +12,7 @@ from .base import Classification, Wrapper, find_line
 
 class _Container(Wrapper):
     tool = "?"
+    put_reads_stdin = False   # True: put_argv reads the file's bytes from stdin
     missing = ()       # stderr fragments meaning "no such container"
     stopped = ()       # ... "container not running"
 
@@ -62,9 +63,11 @@ class Lxc(_Container):
     def wrap(self, argv):
         return ["lxc-attach", "-n", self.id, "--"] + self._as_user(argv)
 
+    put_reads_stdin = True
+
     def put_argv(self, src, dest):
-        # lxc has no push; dd reads the host file from our stdin redirect — done by the caller.
-        return ["lxc-attach", "-n", self.id, "--", "dd", f"of={dest}", "status=none"]
+        # lxc has no push: the bytes go through lxc-attach's stdin.
+        return ["lxc-attach", "-n", self.id, "--", "install", "-m", "0600", "/dev/stdin", dest]
 
     def describe(self):
         return "lxc-attach " + super().describe().split(" ", 1)[1]

@@ -4,7 +4,7 @@ import os
 import selectors
 import subprocess
 import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .base import ProcessOutput
 
@@ -15,8 +15,7 @@ class LocalTransport:
     def describe(self) -> str:
         return "local"
 
-    def run(self, argv: Sequence[str], payload: bytes, deadline: float,
-            done: Optional[callable] = None) -> ProcessOutput:
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> ProcessOutput:
         """Run argv, write payload to its stdin and keep stdin open until the process ends
         (the runtime treats stdin EOF as "the client went away")."""
         try:
@@ -35,6 +34,11 @@ class LocalTransport:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+    def put(self, data: bytes, path: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
     def close(self):
         pass

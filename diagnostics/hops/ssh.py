@@ -262,6 +262,23 @@ class SshTransport:
                 if not pooled.alive:
                     self.pool.discard(self.endpoint)
 
+    def put(self, data: bytes, remote_path: str) -> None:
+        """Write ``data`` to ``remote_path`` (mode 0600) over SFTP."""
+        import io
+        pooled = self.pool.get(self.endpoint)
+        with pooled.slots:
+            try:
+                sftp = pooled.connection.client.open_sftp()
+                try:
+                    with sftp.open(remote_path, "wx") as f:
+                        sftp.chmod(remote_path, 0o600)
+                        f.write(data)
+                finally:
+                    sftp.close()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
+                                     f"{remote_path}: {exc or type(exc).__name__}")
+
     def close(self):
         pass
 
@@ -281,6 +298,11 @@ def _collect(chan: paramiko.Channel, deadline: float) -> ProcessOutput:
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
             return ProcessOutput(bytes(out), bytes(err), chan.recv_exit_status())
+        if chan.eof_received:
+            # stdout is done; the exit status follows in a moment (no busy wait for it)
+            chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), 1.0)))
+            if chan.exit_status_ready():
+                continue
         if chan.closed or not chan.get_transport().is_active():
             return ProcessOutput(bytes(out), bytes(err), None, lost="the SSH connection was closed")
         remaining = deadline - time.monotonic()

@@ -1,0 +1,1503 @@
+#!/usr/bin/env python3
+"""gpu-status: per-GPU health, load and compute processes of an NVIDIA machine.
+
+Runs on the target, standard library only, Python 3.8+. Sources, in order:
+
+1. ``nvidia-smi`` (on PATH, in a well-known driver directory, or ``--nvidia-smi``):
+   ``--help-query-gpu`` is read once and only the fields it lists are asked for (an unknown
+   field makes nvidia-smi fail the whole query); ``--query-gpu=... --format=csv,noheader,nounits``,
+   ``--query-compute-apps=...`` and ``--version`` -- each call with a timeout, since nvidia-smi
+   hangs on a GPU in a bad state.
+2. NVML, when nvidia-smi is missing (common inside containers): ``nvidia-ml-py`` (``import
+   pynvml``) when importable, else a ctypes binding to ``libnvidia-ml.so.1``.
+3. Neither: a finding that says so, or that the machine has AMD (``amd-smi``/``rocm-smi``) or
+   Gaudi (``hl-smi``) accelerators, which this diagnostic does not support yet.
+
+Then the kernel log (``/dev/kmsg``, ``dmesg``, ``journalctl -k``; best effort, bounded in time)
+is scanned for NVIDIA Xid lines.
+
+The result always carries ``status`` (worst finding level; ``info`` counts as ``ok``).
+``data``: source ("nvidia-smi" | "nvml" | None), gpu_count (GPUs that answered), expected_gpus,
+driver_version, cuda_version, gpus (one dict per GPU; a row that could not be read has "error"),
+lost_gpus, processes (None when they could not be listed), nvidia_smi or nvml (how they were
+asked), kernel_log ({"source", "xids"} or {"source": None, "error"}).
+
+Finding levels:
+
+==========================  =====  =========================================================
+code                        level  when
+==========================  =====  =========================================================
+gpu-count-low               fail   fewer GPUs visible than ``--expect-gpus``
+gpu-count-high              warn   more GPUs visible than ``--expect-gpus``
+gpu-lost                    fail   nvidia-smi: "Unable to determine the device handle ... GPU is lost"
+gpu-row-error               warn   a GPU row that could not be read (kept as a row with ``error``)
+nvidia-smi-failed           fail   nvidia-smi exited non-zero (the code's meaning from nvidia-smi(1))
+nvidia-smi-timeout          fail   nvidia-smi ran past ``--timeout``
+nvidia-smi-unusable         fail   nvidia-smi could not be started (permissions, bad path)
+nvml-failed                 fail   NVML could not be initialised
+no-nvidia-tools             warn   neither nvidia-smi nor libnvidia-ml.so.1 (fail with --expect-gpus N>0)
+amd-unsupported             warn   no NVIDIA tools, but amd-smi/rocm-smi: "AMD GPUs: not supported yet"
+gaudi-unsupported           warn   no NVIDIA tools, but hl-smi: "Gaudi: not supported yet"
+ecc-uncorrectable           fail   uncorrectable ECC errors since the driver loaded (volatile)
+ecc-uncorrectable-history   warn   uncorrectable ECC errors in the lifetime count only (aggregate)
+remap-failure               fail   a row remapping failed (the GPU is out of spare rows)
+remap-pending               warn   a row remapping waits for a GPU reset
+retired-pages-pending       warn   page retirement waits for a reboot (pre-Ampere GPUs)
+clocks-hw-thermal           fail   HW thermal slowdown active (clocks halved or worse: cooling)
+clocks-hw-power-brake       fail   HW power brake slowdown active (external power brake: PSU)
+clocks-hw-slowdown          warn   HW slowdown active without either of the two above
+clocks-sw-thermal           warn   SW thermal slowdown active (above max operating temperature)
+clocks-sw-power-cap         info   SW power cap active (normal under full load)
+mig-pending                 warn   MIG mode changes at the next GPU reset
+persistence-off             warn   persistence mode off (driver reinitialised per client)
+gpu-busy                    info   compute processes hold GPU memory (warn with --expect-idle)
+gpu-memory-unattributed     info   memory in use, no process visible (warn with --expect-idle)
+xid-fatal                   fail   Xid 48, 63, 64, 74, 79, 92, 94, 95, 119 or 120 in the kernel log
+xid                         warn   any other Xid in the kernel log
+==========================  =====  =========================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+DIAGNOSTIC = "gpu-status"
+DEFAULT_TIMEOUT = 20.0
+KERNEL_LOG_BUDGET_S = 5.0
+KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
+UNATTRIBUTED_MIB = 1024  # memory in use without a visible process worth a note
+# Where drivers put nvidia-smi when it is not on PATH (non-login shells, containers, WSL).
+EXTRA_TOOL_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib",
+                   "/opt/rocm/bin", "/opt/habanalabs/bin"]
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2, "error": 3}
+STATUS_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
+
+# nvidia-smi(1), RETURN VALUE.
+NVIDIA_SMI_EXIT = {
+    0: "success",
+    2: "a supplied argument or flag is invalid",
+    3: "the requested operation is not available on the target device",
+    4: "the current user does not have permission to access this device or perform this operation",
+    6: "a query to find an object was unsuccessful",
+    8: "the device's external power cables are not properly attached",
+    9: "the NVIDIA driver is not loaded",
+    10: "the NVIDIA kernel detected an interrupt issue with a GPU",
+    12: "the NVML shared library couldn't be found or loaded",
+    13: "the local version of NVML doesn't implement this function",
+    14: "the infoROM is corrupted",
+    15: "the GPU has fallen off the bus or has otherwise become inaccessible",
+    255: "other error or internal driver error",
+}
+NVIDIA_SMI_HINT = {
+    2: "nvidia-smi rejected the query; its --help-query-gpu output shows the fields this driver knows",
+    4: "run as root or as a member of the group that owns /dev/nvidia*",
+    6: "no GPU answered: check `lspci | grep -i nvidia` and the kernel log for NVRM errors",
+    8: "attach the GPU's auxiliary power cables",
+    9: "load the driver (`modprobe nvidia`); after a kernel update rebuild it (DKMS), then check "
+       "`dmesg | grep -i nvrm`",
+    10: "check the kernel log for NVRM errors; a reboot usually clears it, repeated faults mean hardware",
+    12: "inside a container the NVIDIA container toolkit did not mount the driver libraries "
+        "(run with --gpus/--runtime=nvidia, or run ldconfig); on a host, reinstall the driver",
+    13: "nvidia-smi and libnvidia-ml.so come from different driver versions: reinstall the driver",
+    14: "the GPU's infoROM is corrupt: drain the node and contact the vendor (RMA)",
+    15: "the GPU is lost (Xid 79 in the kernel log): drain the node and reboot; if it recurs, "
+        "reseat or replace the GPU",
+    255: "check the kernel log for NVRM/Xid errors",
+}
+
+# NVML's nvmlClocksEventReason* bits (nvml.h); old drivers call them ClocksThrottleReason*.
+CLOCK_EVENT_REASONS = [
+    (0x0000000000000001, "gpu_idle", "GPU idle"),
+    (0x0000000000000002, "applications_clocks_setting", "applications clocks setting"),
+    (0x0000000000000004, "sw_power_cap", "SW power cap"),
+    (0x0000000000000008, "hw_slowdown", "HW slowdown"),
+    (0x0000000000000010, "sync_boost", "sync boost"),
+    (0x0000000000000020, "sw_thermal_slowdown", "SW thermal slowdown"),
+    (0x0000000000000040, "hw_thermal_slowdown", "HW thermal slowdown"),
+    (0x0000000000000080, "hw_power_brake_slowdown", "HW power brake slowdown"),
+    (0x0000000000000100, "display_clock_setting", "display clock setting"),
+]
+
+# Xid numbers that mean the GPU (or its memory) needs attention now (NVIDIA's Xid catalogue).
+FATAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+XID_NAMES = {
+    13: "graphics engine exception", 31: "GPU memory page fault", 32: "invalid or corrupted push buffer",
+    43: "GPU stopped processing", 45: "preemptive cleanup", 48: "double bit ECC error",
+    61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping event", 64: "ECC page retirement or row remapping failure",
+    68: "video processor exception", 69: "graphics engine class error", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
+    94: "contained ECC error", 95: "uncontained ECC error", 109: "context switch timeout",
+    119: "GSP RPC timeout", 120: "GSP error", 154: "GPU recovery action changed",
+}
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?")
+
+# The query: logical key -> nvidia-smi field names, newest first (an older driver knows the last).
+QUERY_FIELDS = [
+    ("index", ["index"]),
+    ("name", ["name"]),
+    ("uuid", ["uuid"]),
+    ("pci_bus_id", ["pci.bus_id"]),
+    ("driver_version", ["kmd_version", "driver_version"]),
+    ("memory_total_mib", ["memory.total"]),
+    ("memory_used_mib", ["memory.used"]),
+    ("memory_reserved_mib", ["memory.reserved"]),
+    ("utilization_gpu_pct", ["utilization.gpu"]),
+    ("utilization_memory_pct", ["utilization.memory"]),
+    ("temperature_c", ["temperature.gpu"]),
+    ("temperature_memory_c", ["temperature.memory"]),
+    ("power_draw_w", ["power.draw"]),
+    ("power_limit_w", ["power.limit"]),
+    ("enforced_power_limit_w", ["enforced.power.limit"]),
+    ("pstate", ["pstate"]),
+    ("clocks_sm_mhz", ["clocks.current.sm", "clocks.sm"]),
+    ("clocks_max_sm_mhz", ["clocks.max.sm"]),
+    ("persistence_mode", ["persistence_mode"]),
+    ("display_active", ["display_active"]),
+    ("compute_mode", ["compute_mode"]),
+    ("compute_cap", ["compute_cap"]),
+    ("ecc_mode", ["ecc.mode.current"]),
+    ("ecc_corrected_volatile", ["ecc.errors.corrected.volatile.total"]),
+    ("ecc_corrected_aggregate", ["ecc.errors.corrected.aggregate.total"]),
+    ("ecc_uncorrected_volatile", ["ecc.errors.uncorrected.volatile.total"]),
+    ("ecc_uncorrected_aggregate", ["ecc.errors.uncorrected.aggregate.total"]),
+    ("retired_pages_sbe", ["retired_pages.single_bit_ecc.count", "retired_pages.sbe"]),
+    ("retired_pages_dbe", ["retired_pages.double_bit.count", "retired_pages.dbe"]),
+    ("retired_pages_pending", ["retired_pages.pending"]),
+    ("remapped_rows_correctable", ["remapped_rows.correctable"]),
+    ("remapped_rows_uncorrectable", ["remapped_rows.uncorrectable"]),
+    ("remapped_rows_pending", ["remapped_rows.pending"]),
+    ("remapped_rows_failure", ["remapped_rows.failure"]),
+    ("clocks_event_reasons_active", ["clocks_event_reasons.active", "clocks_throttle_reasons.active"]),
+    ("mig_mode_current", ["mig.mode.current"]),
+    ("mig_mode_pending", ["mig.mode.pending"]),
+]
+# Known to every nvidia-smi with --query-gpu: if one of these is refused, nothing can be asked.
+CORE_KEYS = ("index", "name", "uuid", "pci_bus_id", "driver_version", "memory_total_mib",
+             "memory_used_mib", "utilization_gpu_pct", "utilization_memory_pct", "temperature_c",
+             "power_draw_w", "power_limit_w", "persistence_mode")
+APPS_FIELDS = "gpu_uuid,pid,used_gpu_memory,process_name"  # name last: it may contain ", "
+
+# "not available" as nvidia-smi prints it; any other bracketed cell is an error text.
+NOT_AVAILABLE = {"", "n/a", "[n/a]", "[not supported]", "not supported",
+                 "[requested functionality has been deprecated]", "[function not found]",
+                 "[not available]", "not available"}
+
+UNKNOWN_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
+# "... for GPU 0000:05:00.0: GPU is lost. ..." (older) or "... for GPU1: 0000:0A:00.0: GPU is lost ..."
+LOST_RE = re.compile(r"Unable to determine the device handle for (?:GPU|gpu)\s*(?:(\d+):\s+)?"
+                     r"([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])?:?\s*(.*)")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu_status.py",
+        description="Per-GPU health, load and compute processes of an NVIDIA machine "
+                    "(nvidia-smi, else NVML), as one JSON document.")
+    p.add_argument("--expect-gpus", type=int, default=None, metavar="N",
+                   help="number of GPUs the machine should show (hosts.yaml `gpus:`); fewer is a failure")
+    p.add_argument("--nvidia-smi", default=None, metavar="PATH",
+                   help="nvidia-smi to run (default: found on PATH, then in the usual driver directories)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="limit for each nvidia-smi call (it can hang on a GPU in a bad state; default: %(default)s)")
+    p.add_argument("--nvml", choices=("auto", "pynvml", "ctypes", "off"), default="auto",
+                   help="how to reach NVML when nvidia-smi is missing: nvidia-ml-py if importable, "
+                        "else ctypes on libnvidia-ml.so.1 (auto); or never (off)")
+    p.add_argument("--expect-idle", action="store_true",
+                   help="GPU memory held by processes is a warning, not information (the GPUs should be free)")
+    p.add_argument("--no-kernel-log", action="store_true",
+                   help="do not scan the kernel log for Xid errors")
+    p.add_argument("--kernel-log-file", default=None, metavar="PATH",
+                   help="scan this file (a saved dmesg) for Xid errors instead of the live kernel log")
+    return p
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def finding(level, code, message, hint=None, short=None, gpu=None):
+    f = {"level": level, "code": code, "message": message}
+    if hint:
+        f["hint"] = hint
+    # for the summary line only; removed before the result is returned
+    if short:
+        f["_short"] = short
+    if gpu is not None:
+        f["_gpu"] = gpu
+    return f
+
+
+# How the summary names several GPUs with the same per-GPU finding.
+GROUP_SHORT = {
+    "gpu-busy": "%s busy",
+    "gpu-memory-unattributed": "%s: memory held by processes not visible here",
+    "ecc-uncorrectable": "%s: uncorrectable ECC errors",
+    "clocks-hw-thermal": "%s: HW thermal slowdown",
+}
+
+
+def is_not_available(cell):
+    return cell is None or cell.strip().lower() in NOT_AVAILABLE
+
+
+def cell_error(cell):
+    """A bracketed cell that is not one of the "not available" forms, e.g. ``[Unknown Error]``."""
+    if cell is None:
+        return None
+    s = cell.strip()
+    if s.startswith("[") and s.endswith("]") and s.lower() not in NOT_AVAILABLE:
+        return s
+    return None
+
+
+def parse_value(cell, kind):
+    """One nvidia-smi cell -> Python value; every "not available" form -> None.
+
+    kind: str | int | float | bool (Enabled/Yes/Active/On) | hex (0x... bitmask).
+    Raises ValueError for a cell that is there but not of that kind.
+    """
+    if is_not_available(cell) or cell_error(cell):
+        return None
+    s = cell.strip()
+    if kind == "str":
+        return s
+    if kind == "int":
+        s = re.sub(r"\s*(MiB|%|W|MHz|C|us|ms)$", "", s)
+        return int(s)
+    if kind == "float":
+        s = re.sub(r"\s*(MiB|%|W|MHz|C|us|ms)$", "", s)
+        return float(s)
+    if kind == "hex":
+        return int(s, 16)
+    if kind == "bool":
+        low = s.lower()
+        if low in ("enabled", "yes", "active", "on", "true", "1"):
+            return True
+        if low in ("disabled", "no", "not active", "off", "false", "0"):
+            return False
+        raise ValueError("not a yes/no value: %r" % s)
+    raise AssertionError(kind)
+
+
+FIELD_KIND = {
+    "index": "int", "name": "str", "uuid": "str", "pci_bus_id": "str", "driver_version": "str",
+    "memory_total_mib": "int", "memory_used_mib": "int", "memory_reserved_mib": "int",
+    "utilization_gpu_pct": "int", "utilization_memory_pct": "int", "temperature_c": "int",
+    "temperature_memory_c": "int", "power_draw_w": "float", "power_limit_w": "float",
+    "enforced_power_limit_w": "float", "pstate": "str", "clocks_sm_mhz": "int",
+    "clocks_max_sm_mhz": "int", "persistence_mode": "bool", "display_active": "bool",
+    "compute_mode": "str", "compute_cap": "str", "ecc_mode": "bool",
+    "ecc_corrected_volatile": "int", "ecc_corrected_aggregate": "int",
+    "ecc_uncorrected_volatile": "int", "ecc_uncorrected_aggregate": "int",
+    "retired_pages_sbe": "int", "retired_pages_dbe": "int", "retired_pages_pending": "bool",
+    "remapped_rows_correctable": "int", "remapped_rows_uncorrectable": "int",
+    "remapped_rows_pending": "bool", "remapped_rows_failure": "bool",
+    "clocks_event_reasons_active": "hex", "mig_mode_current": "bool", "mig_mode_pending": "bool",
+}
+
+
+def decode_clock_reasons(mask):
+    """Bitmask -> [snake_case names], lowest bit first; unknown bits as ``0x...``."""
+    if mask is None:
+        return None
+    names = []
+    rest = mask
+    for bit, name, _ in CLOCK_EVENT_REASONS:
+        if mask & bit:
+            names.append(name)
+            rest &= ~bit
+    if rest:
+        names.append("0x%x" % rest)
+    return names
+
+
+def fmt_mib(mib):
+    if mib is None:
+        return "?"
+    if mib >= 10 * 1024:
+        return "%d GiB" % round(mib / 1024.0)
+    if mib >= 1024:
+        return "%.1f GiB" % (mib / 1024.0)
+    return "%d MiB" % mib
+
+
+def fmt_indices(indices):
+    """[0, 1, 2, 5] -> "GPUs 0-2,5"; [3] -> "GPU 3"."""
+    idx = sorted(set(i for i in indices if i is not None))
+    if len(idx) == 1:
+        return "GPU %d" % idx[0]
+    parts = []
+    start = prev = None
+    for i in idx:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+            start = prev = i
+    if start is not None:
+        parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+    return "GPUs " + ",".join(parts)
+
+
+def gpu_label(g):
+    return "GPU %s" % (g.get("index") if g.get("index") is not None else "?")
+
+
+# --------------------------------------------------------------------------- running tools
+
+
+class ToolRun(object):
+    """The outcome of one external command: exit code, output, timed out, could not start."""
+
+    def __init__(self, argv):
+        self.argv = argv
+        self.returncode = None
+        self.stdout = ""
+        self.stderr = ""
+        self.timed_out = False
+        self.start_error = None
+        self.duration_s = 0.0
+        self._proc = None
+        self._t0 = time.monotonic()
+
+    @property
+    def ok(self):
+        return self.returncode == 0 and not self.timed_out and self.start_error is None
+
+    @property
+    def output(self):
+        return (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).strip()
+
+
+def start_tool(argv):
+    run = ToolRun(argv)
+    try:
+        run._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:  # missing, not executable, bad interpreter line
+        run.start_error = "%s: %s" % (type(e).__name__, e.strerror or e)
+    return run
+
+
+def finish_tool(run, deadline):
+    """Wait for a started command until ``deadline`` (monotonic); kill its process group after."""
+    proc = run._proc
+    if proc is None:
+        return run
+    try:
+        out, err = proc.communicate(timeout=max(0.05, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        run.timed_out = True
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:  # a grandchild in another session holds the pipes
+            proc.kill()
+            out, err = b"", b""
+    run.returncode = proc.returncode
+    run.stdout = out.decode("utf-8", "replace")
+    run.stderr = err.decode("utf-8", "replace")
+    run.duration_s = time.monotonic() - run._t0
+    run._proc = None
+    return run
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def run_tools(argvs, timeout):
+    """Run commands side by side, each bounded by ``timeout`` seconds; results in order."""
+    runs = [start_tool(a) for a in argvs]
+    deadline = time.monotonic() + timeout
+    return [finish_tool(r, deadline) for r in runs]
+
+
+def find_tool(name, path=None):
+    found = shutil.which(name, path=path)
+    if found:
+        return found
+    for d in EXTRA_TOOL_DIRS:
+        candidate = os.path.join(d, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+
+def parse_help_fields(text):
+    """``--help-query-gpu`` text -> {every accepted field name: canonical name}."""
+    table = {}
+    for line in text.splitlines():
+        s = line.strip()
+        if re.match(r'^"[^"]+"(?: or "[^"]+")*$', s):
+            names = re.findall(r'"([^"]+)"', s)
+            for n in names:
+                table.setdefault(n, names[0])
+    return table
+
+
+def choose_fields(valid):
+    """[(key, field)] to ask for: the first known name of each key; without help, the oldest."""
+    chosen = []
+    for key, names in QUERY_FIELDS:
+        if valid is None:
+            chosen.append((key, names[-1]))
+            continue
+        for n in names:
+            if n in valid:
+                chosen.append((key, n))
+                break
+    return chosen
+
+
+def parse_gpu_rows(text, keys, returncode=0):
+    """CSV rows (noheader, nounits) -> (gpu dicts, lost-GPU dicts, other lines).
+
+    A line with the wrong number of cells is a GPU row that could not be read when nvidia-smi
+    said it succeeded, and one of its messages when it did not.
+    """
+    gpus, lost, other = [], [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = LOST_RE.search(line)
+        if m:
+            lost.append({"index": int(m.group(1)) if m.group(1) else None,
+                         "pci_bus_id": m.group(2), "error": line.strip()})
+            continue
+        cells = line.split(", ")
+        if len(cells) != len(keys):
+            if returncode == 0:
+                gpus.append({"index": None, "error": "expected %d columns, got %d" % (len(keys), len(cells)),
+                             "raw": line})
+            else:
+                other.append(line.strip())
+            continue
+        gpus.append(gpu_from_cells(dict(zip(keys, cells))))
+    return gpus, lost, other
+
+
+def gpu_from_cells(cells):
+    g = {}
+    unreadable = {}
+    for key, cell in cells.items():
+        err = cell_error(cell)
+        if err:
+            unreadable[key] = err
+        try:
+            g[key] = parse_value(cell, FIELD_KIND[key])
+        except ValueError:
+            g[key] = None
+            unreadable[key] = cell
+    if "index" in cells and g.get("index") is None:
+        g["error"] = "no GPU index in nvidia-smi's row"
+    if unreadable:
+        g["unreadable"] = unreadable
+    return normalise_gpu(g)
+
+
+def normalise_gpu(g):
+    """Flat per-field values -> the documented per-GPU shape (nested groups)."""
+    out = {}
+    for key in ("index", "name", "uuid", "pci_bus_id", "memory_used_mib", "memory_total_mib",
+                "memory_reserved_mib", "utilization_gpu_pct", "utilization_memory_pct",
+                "temperature_c", "temperature_memory_c", "power_draw_w", "power_limit_w",
+                "enforced_power_limit_w", "pstate", "clocks_sm_mhz", "clocks_max_sm_mhz",
+                "persistence_mode", "display_active", "compute_mode", "compute_cap", "ecc_mode"):
+        out[key] = g.get(key)
+    out["ecc_errors"] = {
+        "uncorrected_volatile": g.get("ecc_uncorrected_volatile"),
+        "uncorrected_aggregate": g.get("ecc_uncorrected_aggregate"),
+        "corrected_volatile": g.get("ecc_corrected_volatile"),
+        "corrected_aggregate": g.get("ecc_corrected_aggregate"),
+    }
+    out["remapped_rows"] = {
+        "correctable": g.get("remapped_rows_correctable"),
+        "uncorrectable": g.get("remapped_rows_uncorrectable"),
+        "pending": g.get("remapped_rows_pending"),
+        "failure": g.get("remapped_rows_failure"),
+    }
+    out["retired_pages"] = {
+        "sbe": g.get("retired_pages_sbe"),
+        "dbe": g.get("retired_pages_dbe"),
+        "pending": g.get("retired_pages_pending"),
+    }
+    mask = g.get("clocks_event_reasons_active")
+    out["clocks_event_reasons"] = {
+        "active": None if mask is None else "0x%016X" % mask,
+        "names": decode_clock_reasons(mask),
+    }
+    out["mig_mode"] = {"current": g.get("mig_mode_current"), "pending": g.get("mig_mode_pending")}
+    for extra in ("driver_version", "error", "raw", "unreadable"):
+        if g.get(extra) is not None:
+            out[extra] = g[extra]
+    return out
+
+
+def parse_apps(text):
+    procs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = line.split(", ", 3)
+        if len(cells) != 4:
+            continue  # "No running processes found" and other prose
+        uuid, pid, mem, name = cells
+        try:
+            pid_v = parse_value(pid, "int")
+        except ValueError:
+            continue
+        try:
+            mem_v = parse_value(mem, "int")
+        except ValueError:
+            mem_v = None
+        procs.append({"gpu": None, "pid": pid_v, "name": parse_value(name, "str"),
+                      "used_memory_mib": mem_v, "gpu_uuid": uuid.strip()})
+    return procs
+
+
+def parse_version(text):
+    """``nvidia-smi --version`` -> {"driver_version", "cuda_version", "nvml_version"}."""
+    out = {}
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        k, v = [x.strip() for x in line.split(":", 1)]
+        k = k.lower()
+        if v.lower().startswith("deprecated"):
+            continue
+        if k in ("driver version", "kmd version"):
+            out["driver_version"] = v
+        elif k in ("cuda version", "cuda umd version"):
+            out["cuda_version"] = v
+        elif k == "nvml version":
+            out["nvml_version"] = v
+    return out
+
+
+def parse_mig_listing(text):
+    """``nvidia-smi -L`` -> {gpu index: [{"profile", "device", "uuid"}]}."""
+    out = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"^GPU (\d+): ", line)
+        if m:
+            current = int(m.group(1))
+            continue
+        m = re.match(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: ([^)]+)\)", line)
+        if m and current is not None:
+            out.setdefault(current, []).append(
+                {"profile": m.group(1), "device": int(m.group(2)), "uuid": m.group(3)})
+    return out
+
+
+def smi_failure(run, what, timeout):
+    """A finding for an nvidia-smi call that did not answer, or None."""
+    if run.start_error:
+        return finding("fail", "nvidia-smi-unusable",
+                       "nvidia-smi (%s) could not be started: %s" % (run.argv[0], run.start_error),
+                       hint="check the path and its permissions", short="nvidia-smi unusable")
+    if run.timed_out:
+        return finding("fail", "nvidia-smi-timeout",
+                       "nvidia-smi hung for %s s (%s) and was killed" % (_secs(timeout), what),
+                       hint="a GPU in a bad state makes nvidia-smi hang: check the kernel log for Xid "
+                            "errors; a GPU reset or a reboot is usually needed",
+                       short="nvidia-smi hung for %s s" % _secs(timeout))
+    if run.returncode:
+        code = run.returncode
+        meaning = NVIDIA_SMI_EXIT.get(code, "an exit code nvidia-smi(1) does not document")
+        said = first_line(run.output)
+        msg = "nvidia-smi exited with %d (%s)" % (code, meaning)
+        if said:
+            msg += ": %s" % said
+        return finding("fail", "nvidia-smi-failed", msg, hint=NVIDIA_SMI_HINT.get(code),
+                       short="nvidia-smi failed (%d: %s)" % (code, meaning))
+    return None
+
+
+def first_line(text):
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def _secs(x):
+    return ("%g" % x) if x == int(x) else ("%.1f" % x)
+
+
+def collect_nvidia_smi(smi, timeout, data, findings):
+    """Fill data from nvidia-smi; append findings for its failures."""
+    data["source"] = "nvidia-smi"
+    info = {"path": smi, "calls": 0}
+    data["nvidia_smi"] = info
+    help_run, apps_run, version_run = run_tools(
+        [[smi, "--help-query-gpu"],
+         [smi, "--query-compute-apps=" + APPS_FIELDS, "--format=csv,noheader,nounits"],
+         [smi, "--version"]], timeout)
+    info["calls"] += 3
+    for run, what in ((help_run, "--help-query-gpu"), (apps_run, "--query-compute-apps")):
+        if run.start_error or run.timed_out:
+            findings.append(smi_failure(run, what, timeout))
+            return
+    valid = parse_help_fields(help_run.stdout) if help_run.ok else None
+    if not valid:
+        valid = None
+        info["help_query_gpu"] = "unavailable: " + (first_line(help_run.output) or "no output")
+    if version_run.ok:
+        v = parse_version(version_run.stdout)
+        data["cuda_version"] = v.get("cuda_version")
+        data["driver_version"] = v.get("driver_version")
+
+    chosen = choose_fields(valid)
+    refused = []
+    query_run = None
+    for attempt in range(4):
+        query_run = run_tools([[smi, "--query-gpu=" + ",".join(f for _, f in chosen),
+                                "--format=csv,noheader,nounits"]], timeout)[0]
+        info["calls"] += 1
+        if query_run.start_error or query_run.timed_out:
+            findings.append(smi_failure(query_run, "--query-gpu", timeout))
+            return
+        m = UNKNOWN_FIELD_RE.search(query_run.output)
+        if not (query_run.returncode and m) or attempt == 3:
+            break
+        # An older driver: drop the refused field and ask again; after three refusals
+        # (no usable --help-query-gpu, a very old driver) keep only the core fields.
+        refused.append(m.group(1))
+        chosen = [(k, f) for k, f in chosen if f not in refused]
+        if attempt == 2:
+            chosen = [(k, f) for k, f in chosen if k in CORE_KEYS]
+        if not any(k == "index" for k, _ in chosen):
+            break
+    if refused:
+        info["fields_refused"] = refused
+    info["fields_asked"] = [f for _, f in chosen]
+
+    gpus, lost, other = parse_gpu_rows(query_run.stdout + "\n" + query_run.stderr, [k for k, _ in chosen],
+                                       query_run.returncode)
+    if other:
+        info["messages"] = other[:10]  # what nvidia-smi said besides the rows (warnings, errors)
+    if query_run.returncode:
+        f = smi_failure(query_run, "--query-gpu", timeout)
+        if not (query_run.returncode == 15 and lost):  # the lost GPUs say it better
+            findings.append(f)
+    for g in gpus:
+        dv = g.pop("driver_version", None)
+        if dv and not data.get("driver_version"):
+            data["driver_version"] = dv
+    for l in lost:
+        findings.append(finding(
+            "fail", "gpu-lost",
+            "GPU %s%s is lost: %s" % (l["index"] if l["index"] is not None else "?",
+                                      " (%s)" % l["pci_bus_id"] if l["pci_bus_id"] else "", l["error"]),
+            hint=NVIDIA_SMI_HINT[15],
+            short="GPU %s lost" % (l["index"] if l["index"] is not None else "?")))
+    data["gpus"] = gpus
+    data["lost_gpus"] = lost
+
+    # Processes: rows are kept even when nvidia-smi also complained (a lost GPU among healthy ones);
+    # with no rows and a failure, the processes are unknown (None), not "none".
+    by_uuid = dict((g.get("uuid"), g.get("index")) for g in gpus)
+    procs = parse_apps(apps_run.stdout)
+    for p in procs:
+        p["gpu"] = by_uuid.get(p["gpu_uuid"])
+        cmd = visible_command(p["pid"], p["name"])
+        if cmd:
+            p["command"] = cmd
+    data["processes"] = procs if (procs or apps_run.returncode == 0) else None
+    if apps_run.returncode:
+        info["query_compute_apps"] = "exit %d: %s" % (apps_run.returncode, first_line(apps_run.output))
+
+    # MIG instances, when a GPU runs in MIG mode
+    if any((g.get("mig_mode") or {}).get("current") for g in gpus):
+        listing = run_tools([[smi, "-L"]], timeout)[0]
+        info["calls"] += 1
+        if listing.stdout:
+            migs = parse_mig_listing(listing.stdout)
+            for g in gpus:
+                if g.get("index") in migs:
+                    g["mig_devices"] = migs[g["index"]]
+
+
+def visible_command(pid, name):
+    """The full command line of ``pid`` when this PID namespace has that very process."""
+    if not pid or not name:
+        return None
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+    if not argv or argv[0] != name:
+        return None  # another process reusing the pid, or another namespace's pid
+    return " ".join(argv)[:300]
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+class NvmlError(Exception):
+    """An NVML call returned something other than NVML_SUCCESS."""
+
+    def __init__(self, value, text=""):
+        Exception.__init__(self, text or "NVML error %d" % value)
+        self.value = value
+
+
+def load_nvml(mode="auto", cdll_loader=None):
+    """The NVML API to use when nvidia-smi is missing, as (api, how) or (None, why not).
+
+    ``api`` follows pynvml's names and conventions (NVMLError, nvmlInit, nvmlDeviceGet...).
+    """
+    if mode == "off":
+        return None, "NVML not tried (--nvml off)"
+    why = []
+    if mode in ("auto", "pynvml"):
+        try:
+            import pynvml  # nvidia-ml-py
+            return pynvml, "pynvml"
+        except ImportError as e:
+            why.append("pynvml: %s" % e)
+    if mode in ("auto", "ctypes"):
+        try:
+            if cdll_loader is None:
+                import ctypes
+                cdll_loader = ctypes.CDLL
+            lib = cdll_loader(NVML_LIBRARY)
+            return CtypesNvml(lib), "ctypes:" + NVML_LIBRARY
+        except (OSError, ImportError) as e:
+            why.append("%s: %s" % (NVML_LIBRARY, e))
+    return None, "; ".join(why)
+
+
+class CtypesNvml(object):
+    """The part of NVML's C API gpu-status reads, with pynvml's Python conventions.
+
+    Written from nvml.h's documented signatures: nvmlDevice_t is an opaque pointer, every
+    function returns nvmlReturn_t (0 = NVML_SUCCESS), char buffers are caller-allocated.
+    """
+
+    NVMLError = NvmlError
+    SUCCESS = 0
+    ERROR_INSUFFICIENT_SIZE = 7
+    ERROR_FUNCTION_NOT_FOUND = 13
+    VALUE_NOT_AVAILABLE_ULL = 0xFFFFFFFFFFFFFFFF
+    DEVICE_NAME_BUFFER = 96         # NVML_DEVICE_NAME_V2_BUFFER_SIZE
+    UUID_BUFFER = 96                # NVML_DEVICE_UUID_V2_BUFFER_SIZE
+    DRIVER_VERSION_BUFFER = 80      # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+
+    def __init__(self, lib):
+        import ctypes as C
+        self._C = C
+        self._lib = lib
+        self._fns = {}
+
+        class PciInfo(C.Structure):  # nvmlPciInfo_t (v3)
+            _fields_ = [("busIdLegacy", C.c_char * 16), ("domain", C.c_uint), ("bus", C.c_uint),
+                        ("device", C.c_uint), ("pciDeviceId", C.c_uint),
+                        ("pciSubSystemId", C.c_uint), ("busId", C.c_char * 32)]
+
+        class Memory(C.Structure):  # nvmlMemory_t, bytes
+            _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+
+        class Utilization(C.Structure):  # nvmlUtilization_t, percent
+            _fields_ = [("gpu", C.c_uint), ("memory", C.c_uint)]
+
+        class ProcessInfo(C.Structure):  # nvmlProcessInfo_t as used by the _v3 (and _v2) calls
+            _fields_ = [("pid", C.c_uint), ("usedGpuMemory", C.c_ulonglong),
+                        ("gpuInstanceId", C.c_uint), ("computeInstanceId", C.c_uint)]
+
+        self.PciInfo, self.Memory, self.Utilization, self.ProcessInfo = PciInfo, Memory, Utilization, ProcessInfo
+
+    # -- plumbing
+
+    def _fn(self, names, argtypes, restype=None):
+        C = self._C
+        for name in names:
+            if name in self._fns:
+                return self._fns[name]
+            try:
+                fn = getattr(self._lib, name)
+            except AttributeError:
+                continue
+            fn.argtypes = argtypes
+            fn.restype = restype if restype is not None else C.c_int
+            self._fns[name] = fn
+            return fn
+        raise NvmlError(self.ERROR_FUNCTION_NOT_FOUND, "Function Not Found: %s" % names[0])
+
+    def _check(self, rc):
+        if rc != self.SUCCESS:
+            raise NvmlError(rc, self._error_string(rc))
+
+    def _error_string(self, rc):
+        try:
+            fn = self._fn(["nvmlErrorString"], [self._C.c_int], self._C.c_char_p)
+            s = fn(rc)
+            return s.decode("utf-8", "replace") if s else "NVML error %d" % rc
+        except NvmlError:
+            return "NVML error %d" % rc
+
+    def _string(self, names, size, *args):
+        C = self._C
+        buf = C.create_string_buffer(size)
+        argtypes = [C.c_void_p] * len(args) + [C.c_char_p, C.c_uint]
+        self._check(self._fn(names, argtypes)(*(list(args) + [buf, size])))
+        return buf.value.decode("utf-8", "replace")
+
+    def _uint(self, names, handle, *extra):
+        C = self._C
+        v = C.c_uint(0)
+        argtypes = [C.c_void_p] + [C.c_int] * len(extra) + [C.POINTER(C.c_uint)]
+        self._check(self._fn(names, argtypes)(handle, *(list(extra) + [C.byref(v)])))
+        return v.value
+
+    # -- the API (pynvml names)
+
+    def nvmlInit(self):
+        self._check(self._fn(["nvmlInit_v2", "nvmlInit"], [])())
+
+    def nvmlShutdown(self):
+        self._check(self._fn(["nvmlShutdown"], [])())
+
+    def nvmlSystemGetDriverVersion(self):
+        return self._string(["nvmlSystemGetDriverVersion"], self.DRIVER_VERSION_BUFFER)
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        C = self._C
+        v = C.c_int(0)
+        fn = self._fn(["nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"],
+                      [C.POINTER(C.c_int)])
+        self._check(fn(C.byref(v)))
+        return v.value
+
+    def nvmlDeviceGetCount(self):
+        C = self._C
+        v = C.c_uint(0)
+        self._check(self._fn(["nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"],
+                             [C.POINTER(C.c_uint)])(C.byref(v)))
+        return v.value
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        C = self._C
+        h = C.c_void_p()
+        self._check(self._fn(["nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"],
+                             [C.c_uint, C.POINTER(C.c_void_p)])(index, C.byref(h)))
+        return h
+
+    def nvmlDeviceGetName(self, h):
+        return self._string(["nvmlDeviceGetName"], self.DEVICE_NAME_BUFFER, h)
+
+    def nvmlDeviceGetUUID(self, h):
+        return self._string(["nvmlDeviceGetUUID"], self.UUID_BUFFER, h)
+
+    def nvmlDeviceGetPciInfo(self, h):
+        C = self._C
+        info = self.PciInfo()
+        self._check(self._fn(["nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"],
+                             [C.c_void_p, C.POINTER(self.PciInfo)])(h, C.byref(info)))
+        return info
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        C = self._C
+        mem = self.Memory()
+        self._check(self._fn(["nvmlDeviceGetMemoryInfo"], [C.c_void_p, C.POINTER(self.Memory)])(h, C.byref(mem)))
+        return mem
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        C = self._C
+        u = self.Utilization()
+        self._check(self._fn(["nvmlDeviceGetUtilizationRates"],
+                             [C.c_void_p, C.POINTER(self.Utilization)])(h, C.byref(u)))
+        return u
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return self._uint(["nvmlDeviceGetTemperature"], h, sensor)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._uint(["nvmlDeviceGetPowerUsage"], h)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._uint(["nvmlDeviceGetEnforcedPowerLimit"], h)
+
+    def nvmlDeviceGetPersistenceMode(self, h):
+        return self._uint(["nvmlDeviceGetPersistenceMode"], h)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        C = self._C
+        v = C.c_ulonglong(0)
+        fn = self._fn(["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"],
+                      [C.c_void_p, C.POINTER(C.c_ulonglong)])
+        self._check(fn(h, C.byref(v)))
+        return v.value
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        C = self._C
+        major, minor = C.c_int(0), C.c_int(0)
+        self._check(self._fn(["nvmlDeviceGetCudaComputeCapability"],
+                             [C.c_void_p, C.POINTER(C.c_int), C.POINTER(C.c_int)])(
+            h, C.byref(major), C.byref(minor)))
+        return major.value, minor.value
+
+    def _two_uints(self, name, h):
+        C = self._C
+        a, b = C.c_uint(0), C.c_uint(0)
+        self._check(self._fn([name], [C.c_void_p, C.POINTER(C.c_uint), C.POINTER(C.c_uint)])(
+            h, C.byref(a), C.byref(b)))
+        return a.value, b.value
+
+    def nvmlDeviceGetMigMode(self, h):
+        return self._two_uints("nvmlDeviceGetMigMode", h)
+
+    def nvmlDeviceGetEccMode(self, h):
+        return self._two_uints("nvmlDeviceGetEccMode", h)
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        C = self._C
+        v = C.c_ulonglong(0)
+        self._check(self._fn(["nvmlDeviceGetTotalEccErrors"],
+                             [C.c_void_p, C.c_int, C.c_int, C.POINTER(C.c_ulonglong)])(
+            h, error_type, counter_type, C.byref(v)))
+        return v.value
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        C = self._C
+        vals = [C.c_uint(0) for _ in range(4)]
+        self._check(self._fn(["nvmlDeviceGetRemappedRows"], [C.c_void_p] + [C.POINTER(C.c_uint)] * 4)(
+            h, *[C.byref(v) for v in vals]))
+        return tuple(v.value for v in vals)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        """[objects with .pid and .usedGpuMemory (bytes, None when not available)]."""
+        C = self._C
+        fn = self._fn(["nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"],
+                      [C.c_void_p, C.POINTER(C.c_uint), C.POINTER(self.ProcessInfo)])
+        count = C.c_uint(0)
+        rc = fn(h, C.byref(count), None)
+        if rc == self.SUCCESS:
+            return []
+        if rc != self.ERROR_INSUFFICIENT_SIZE:
+            self._check(rc)
+        for _ in range(3):  # processes may start between the two calls
+            size = count.value + 8
+            count = C.c_uint(size)
+            infos = (self.ProcessInfo * size)()
+            rc = fn(h, C.byref(count), infos)
+            if rc == self.SUCCESS:
+                out = []
+                for i in range(count.value):
+                    mem = infos[i].usedGpuMemory
+                    out.append(_Proc(infos[i].pid, None if mem == self.VALUE_NOT_AVAILABLE_ULL else mem))
+                return out
+            if rc != self.ERROR_INSUFFICIENT_SIZE:
+                self._check(rc)
+        self._check(rc)
+        return []
+
+    def nvmlSystemGetProcessName(self, pid):
+        C = self._C
+        buf = C.create_string_buffer(1024)
+        self._check(self._fn(["nvmlSystemGetProcessName"], [C.c_uint, C.c_char_p, C.c_uint])(pid, buf, 1024))
+        return buf.value.decode("utf-8", "replace")
+
+
+class _Proc(object):
+    def __init__(self, pid, used):
+        self.pid = pid
+        self.usedGpuMemory = used
+
+
+def _text(v):
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+def collect_nvml(api, how, data, findings):
+    """Fill data from NVML (pynvml or CtypesNvml); per-field NVML errors become None."""
+    data["source"] = "nvml"
+    data["nvml"] = {"binding": how}
+    err = api.NVMLError
+
+    def get(name, *args):
+        fn = getattr(api, name, None)
+        if fn is None:
+            return None
+        try:
+            return fn(*args)
+        except err:
+            return None
+
+    try:
+        api.nvmlInit()
+    except err as e:
+        findings.append(finding("fail", "nvml-failed", "NVML could not be initialised (%s): %s" % (how, e),
+                                hint="check that the NVIDIA driver is loaded (`lsmod | grep nvidia`) and "
+                                     "that this libnvidia-ml.so.1 matches it",
+                                short="NVML failed: %s" % e))
+        return
+    try:
+        data["driver_version"] = _text(get("nvmlSystemGetDriverVersion"))
+        cuda = get("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = get("nvmlSystemGetCudaDriverVersion")
+        if cuda:
+            data["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
+        try:
+            count = api.nvmlDeviceGetCount()
+        except err as e:
+            findings.append(finding("fail", "nvml-failed", "NVML could not count the GPUs: %s" % e,
+                                    short="NVML failed: %s" % e))
+            return
+        gpus, procs = [], []
+        for i in range(count):
+            try:
+                h = api.nvmlDeviceGetHandleByIndex(i)
+            except err as e:
+                gpus.append(normalise_gpu({"index": i, "error": "NVML: %s" % e}))
+                continue
+            g = {"index": i, "name": _text(get("nvmlDeviceGetName", h)), "uuid": _text(get("nvmlDeviceGetUUID", h))}
+            pci = get("nvmlDeviceGetPciInfo", h)
+            g["pci_bus_id"] = _text(pci.busId) if pci is not None else None
+            mem = get("nvmlDeviceGetMemoryInfo", h)
+            if mem is not None:
+                g["memory_total_mib"] = int(mem.total // (1024 * 1024))
+                g["memory_used_mib"] = int(mem.used // (1024 * 1024))
+            util = get("nvmlDeviceGetUtilizationRates", h)
+            if util is not None:
+                g["utilization_gpu_pct"], g["utilization_memory_pct"] = util.gpu, util.memory
+            g["temperature_c"] = get("nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
+            power = get("nvmlDeviceGetPowerUsage", h)
+            g["power_draw_w"] = power / 1000.0 if power is not None else None
+            limit = get("nvmlDeviceGetEnforcedPowerLimit", h)
+            g["power_limit_w"] = limit / 1000.0 if limit is not None else None
+            pm = get("nvmlDeviceGetPersistenceMode", h)
+            g["persistence_mode"] = None if pm is None else bool(pm)
+            reasons = get("nvmlDeviceGetCurrentClocksEventReasons", h)
+            if reasons is None:
+                reasons = get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+            g["clocks_event_reasons_active"] = reasons
+            cc = get("nvmlDeviceGetCudaComputeCapability", h)
+            g["compute_cap"] = "%d.%d" % tuple(cc) if cc else None
+            mig = get("nvmlDeviceGetMigMode", h)
+            if mig:
+                g["mig_mode_current"], g["mig_mode_pending"] = bool(mig[0]), bool(mig[1])
+            ecc = get("nvmlDeviceGetEccMode", h)
+            if ecc:
+                g["ecc_mode"] = bool(ecc[0])
+                # NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1; NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1
+                g["ecc_uncorrected_volatile"] = get("nvmlDeviceGetTotalEccErrors", h, 1, 0)
+                g["ecc_uncorrected_aggregate"] = get("nvmlDeviceGetTotalEccErrors", h, 1, 1)
+                g["ecc_corrected_volatile"] = get("nvmlDeviceGetTotalEccErrors", h, 0, 0)
+                g["ecc_corrected_aggregate"] = get("nvmlDeviceGetTotalEccErrors", h, 0, 1)
+            rows = get("nvmlDeviceGetRemappedRows", h)
+            if rows:
+                g["remapped_rows_correctable"], g["remapped_rows_uncorrectable"] = rows[0], rows[1]
+                g["remapped_rows_pending"], g["remapped_rows_failure"] = bool(rows[2]), bool(rows[3])
+            gpus.append(normalise_gpu(g))
+            for p in get("nvmlDeviceGetComputeRunningProcesses", h) or []:
+                used = getattr(p, "usedGpuMemory", None)
+                name = _text(get("nvmlSystemGetProcessName", p.pid))
+                entry = {"gpu": i, "pid": p.pid, "name": name,
+                         "used_memory_mib": None if used is None else int(used // (1024 * 1024)),
+                         "gpu_uuid": g["uuid"]}
+                cmd = visible_command(p.pid, name)
+                if cmd:
+                    entry["command"] = cmd
+                procs.append(entry)
+        data["gpus"] = gpus
+        data["processes"] = procs
+    finally:
+        try:
+            api.nvmlShutdown()
+        except err:
+            pass
+
+
+# --------------------------------------------------------------------------- kernel log
+
+
+def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
+    """(source, text) from /dev/kmsg, dmesg or journalctl -k; (None, why) when none is readable."""
+    why = []
+    t0 = time.monotonic()
+    try:
+        return "/dev/kmsg", _read_kmsg(t0 + budget_s)
+    except OSError as e:
+        why.append("/dev/kmsg: %s" % (e.strerror or e))
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"]):
+        exe = shutil.which(argv[0])
+        left = t0 + budget_s - time.monotonic()
+        if not exe or left <= 0.2:
+            why.append("%s: %s" % (argv[0], "not found" if not exe else "no time left"))
+            continue
+        run = run_tools([[exe] + argv[1:]], left)[0]
+        if run.ok and run.stdout.strip():
+            return argv[0], run.stdout[-KERNEL_LOG_MAX_BYTES:]
+        why.append("%s: %s" % (argv[0], "timed out" if run.timed_out else
+                                first_line(run.output) or "exit %s" % run.returncode))
+    return None, "; ".join(why)
+
+
+def _read_kmsg(deadline):
+    """All records in the kernel ring buffer, read without blocking, as dmesg-like lines."""
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    lines = []
+    total = 0
+    try:
+        while time.monotonic() < deadline and total < KERNEL_LOG_MAX_BYTES:
+            try:
+                rec = os.read(fd, 16384)
+            except BlockingIOError:
+                break  # EAGAIN: the end of the buffer
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # overwritten while reading: go on with the next
+                    continue
+                if e.errno == errno.EINVAL:
+                    break
+                raise
+            if not rec:
+                break
+            total += len(rec)
+            text = rec.decode("utf-8", "replace")
+            head, _, msg = text.partition(";")
+            parts = head.split(",")
+            ts = ""
+            if len(parts) >= 3 and parts[2].isdigit():
+                ts = "[%12.6f] " % (int(parts[2]) / 1e6)
+            lines.append(ts + msg.split("\n", 1)[0])
+    finally:
+        os.close(fd)
+    return "\n".join(lines)
+
+
+def scan_xids(text):
+    """Kernel log text -> [{"xid", "name", "fatal", "count", "pci", "first", "last"}], by Xid number."""
+    by_xid = {}
+    for line in text.splitlines():
+        m = XID_RE.search(line)
+        if not m:
+            continue
+        xid = int(m.group(2))
+        e = by_xid.get(xid)
+        if e is None:
+            e = by_xid[xid] = {"xid": xid, "name": XID_NAMES.get(xid), "fatal": xid in FATAL_XIDS,
+                               "count": 0, "pci": [], "first": line.strip()[:400]}
+        e["count"] += 1
+        if m.group(1) not in e["pci"]:
+            e["pci"].append(m.group(1))
+        e["last"] = line.strip()[:400]
+    return [by_xid[k] for k in sorted(by_xid)]
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def analyse(data, args, findings):
+    gpus = [g for g in data.get("gpus") or [] if not g.get("error")]
+    bad_rows = [g for g in data.get("gpus") or [] if g.get("error")]
+    busy_level = "warn" if args.expect_idle else "info"
+    visible = len(gpus)
+    data["gpu_count"] = visible
+
+    if args.expect_gpus is not None and data.get("source"):
+        if visible < args.expect_gpus:
+            env = dict((k, os.environ[k]) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+                       if k in os.environ)
+            hint = "compare `nvidia-smi -L` and `lspci -d 10de:` with the expected count; a GPU " \
+                   "missing from both fell off the bus (Xid 79)"
+            if env:
+                hint += "; note %s" % ", ".join("%s=%s" % kv for kv in sorted(env.items()))
+            findings.append(finding("fail", "gpu-count-low", "%d of %d GPUs visible" % (visible, args.expect_gpus),
+                                    hint=hint, short="%d of %d GPUs visible" % (visible, args.expect_gpus)))
+        elif visible > args.expect_gpus:
+            findings.append(finding("warn", "gpu-count-high",
+                                    "%d GPUs visible, %d expected" % (visible, args.expect_gpus),
+                                    hint="update `gpus:` in hosts.yaml if the machine changed",
+                                    short="%d GPUs visible, %d expected" % (visible, args.expect_gpus)))
+    for g in bad_rows:
+        findings.append(finding("warn", "gpu-row-error", "%s could not be read: %s" % (gpu_label(g), g["error"]),
+                                short="%s unreadable" % gpu_label(g)))
+
+    for g in gpus:
+        label = gpu_label(g)
+        ecc = g.get("ecc_errors") or {}
+        if ecc.get("uncorrected_volatile"):
+            findings.append(finding(
+                "fail", "ecc-uncorrectable",
+                "%s: %d uncorrectable ECC errors since the driver loaded (%s in its lifetime)"
+                % (label, ecc["uncorrected_volatile"], _q(ecc.get("uncorrected_aggregate"))),
+                hint="drain the GPU; see the kernel log for Xid 48/94/95, then reset it (`nvidia-smi -r`) "
+                     "so pending remaps apply; repeated errors mean RMA",
+                short="%s: uncorrectable ECC errors" % label, gpu=g.get("index")))
+        elif ecc.get("uncorrected_aggregate"):
+            findings.append(finding(
+                "warn", "ecc-uncorrectable-history",
+                "%s: %d uncorrectable ECC errors in its lifetime, none since the driver loaded"
+                % (label, ecc["uncorrected_aggregate"]),
+                hint="watch the count; if it grows, drain the GPU and check row remapping",
+                short="%s: past uncorrectable ECC errors" % label))
+        rr = g.get("remapped_rows") or {}
+        if rr.get("failure"):
+            findings.append(finding(
+                "fail", "remap-failure", "%s: a row remapping failed (no spare rows left)" % label,
+                hint="the GPU's memory can no longer repair itself: drain it and request an RMA",
+                short="%s: row remap failure" % label))
+        if rr.get("pending"):
+            findings.append(finding(
+                "warn", "remap-pending",
+                "%s: row remapping pending (%s correctable, %s uncorrectable rows remapped)"
+                % (label, _q(rr.get("correctable")), _q(rr.get("uncorrectable"))),
+                hint="reset the GPU (`nvidia-smi -r -i %s`, no processes on it) or reboot to apply the remap"
+                     % g.get("index"),
+                short="%s: row remap pending" % label))
+        rp = g.get("retired_pages") or {}
+        if rp.get("pending"):
+            findings.append(finding(
+                "warn", "retired-pages-pending",
+                "%s: memory pages waiting to be retired (%s single-bit, %s double-bit pages retired)"
+                % (label, _q(rp.get("sbe")), _q(rp.get("dbe"))),
+                hint="reboot (or reset the GPU) so the pages are retired",
+                short="%s: page retirement pending" % label))
+        names = (g.get("clocks_event_reasons") or {}).get("names") or []
+        clocks = ""
+        if g.get("clocks_sm_mhz") is not None and g.get("clocks_max_sm_mhz"):
+            clocks = ", SM clock %d of %d MHz" % (g["clocks_sm_mhz"], g["clocks_max_sm_mhz"])
+        temp = " at %d C" % g["temperature_c"] if g.get("temperature_c") is not None else ""
+        if "hw_thermal_slowdown" in names:
+            findings.append(finding(
+                "fail", "clocks-hw-thermal", "%s: HW thermal slowdown active%s%s" % (label, temp, clocks),
+                hint="the GPU is too hot and runs at half speed or less: check fans, airflow and inlet temperature",
+                short="%s: HW thermal slowdown" % label, gpu=g.get("index")))
+        if "hw_power_brake_slowdown" in names:
+            findings.append(finding(
+                "fail", "clocks-hw-power-brake", "%s: HW power brake slowdown active%s" % (label, clocks),
+                hint="the power supply asserted the external power brake: check PSUs and power cabling",
+                short="%s: HW power brake" % label))
+        if "hw_slowdown" in names and not ({"hw_thermal_slowdown", "hw_power_brake_slowdown"} & set(names)):
+            findings.append(finding(
+                "warn", "clocks-hw-slowdown", "%s: HW slowdown active%s%s" % (label, temp, clocks),
+                hint="clocks are cut by half or more (temperature or power); it can also show briefly "
+                     "during a clock change: check again, and check cooling and power",
+                short="%s: HW slowdown" % label))
+        if "sw_thermal_slowdown" in names:
+            findings.append(finding(
+                "warn", "clocks-sw-thermal", "%s: SW thermal slowdown active%s%s" % (label, temp, clocks),
+                hint="the GPU is above its maximum operating temperature: check cooling",
+                short="%s: SW thermal slowdown" % label))
+        if "sw_power_cap" in names:
+            draw, limit = g.get("power_draw_w"), g.get("power_limit_w")
+            power = " (%.0f W of %.0f W)" % (draw, limit) if draw is not None and limit else ""
+            findings.append(finding(
+                "info", "clocks-sw-power-cap", "%s: clocks held by the SW power cap%s" % (label, power),
+                hint="normal under full load; if the limit is below the default, see `nvidia-smi -q -d POWER`"))
+
+    mig_pending = [g.get("index") for g in gpus if (g.get("mig_mode") or {}).get("pending") is not None
+                   and (g.get("mig_mode") or {}).get("current") is not None
+                   and g["mig_mode"]["pending"] != g["mig_mode"]["current"]]
+    if mig_pending:
+        findings.append(finding(
+            "warn", "mig-pending", "%s: MIG mode changes at the next GPU reset" % fmt_indices(mig_pending),
+            hint="reset the GPU (`nvidia-smi -r`) or reboot to apply, or set the mode back",
+            short="%s: MIG change pending" % fmt_indices(mig_pending)))
+    pm_off = [g.get("index") for g in gpus if g.get("persistence_mode") is False]
+    if pm_off:
+        findings.append(finding(
+            "warn", "persistence-off", "%s: persistence mode off" % fmt_indices(pm_off),
+            hint="enable it with `nvidia-smi -pm 1` or, better, run nvidia-persistenced: without it the "
+                 "driver tears down and re-initialises the GPU for every client (slow starts, lost state)",
+            short="persistence mode off"))
+
+    procs = data.get("processes")
+    if procs is not None:
+        for g in gpus:
+            mine = [p for p in procs if p.get("gpu") == g.get("index")]
+            used = g.get("memory_used_mib")
+            if mine:
+                held = sum(p["used_memory_mib"] or 0 for p in mine)
+                mine.sort(key=lambda p: -(p["used_memory_mib"] or 0))
+                top = mine[0]
+                who = "pid %s (%s)" % (top["pid"], top.get("command") or top.get("name") or "?")
+                if len(mine) == 1:
+                    msg = "%s busy: %s held by %s" % (gpu_label(g), fmt_mib(held), who)
+                    short = "%s busy (%s, pid %s)" % (gpu_label(g), fmt_mib(held), top["pid"])
+                else:
+                    msg = "%s busy: %s held by %d processes, most by %s %s" % (
+                        gpu_label(g), fmt_mib(held), len(mine), who, fmt_mib(top["used_memory_mib"]))
+                    short = "%s busy (%s, %d processes)" % (gpu_label(g), fmt_mib(held), len(mine))
+                findings.append(finding(busy_level, "gpu-busy", msg, short=short, gpu=g.get("index")))
+            elif used is not None and used >= UNATTRIBUTED_MIB and not g.get("display_active"):
+                findings.append(finding(
+                    busy_level, "gpu-memory-unattributed",
+                    "%s: %s in use and no process visible: memory held by processes not visible in "
+                    "this PID namespace" % (gpu_label(g), fmt_mib(used)),
+                    hint="run gpu-status on the host (or a container sharing its PID namespace) to see them",
+                    short="%s: %s held by processes not visible here" % (gpu_label(g), fmt_mib(used)),
+                    gpu=g.get("index")))
+
+
+def _q(v):
+    return "?" if v is None else str(v)
+
+
+def no_tools_findings(path, expect_gpus=None):
+    amd = [t for t in ("amd-smi", "rocm-smi") if find_tool(t, path)]
+    gaudi = find_tool("hl-smi", path)
+    out = []
+    if amd:
+        out.append(finding("warn", "amd-unsupported", "AMD GPUs: not supported yet (found %s)" % ", ".join(amd),
+                           hint="gpu-status reads NVIDIA GPUs only; use `%s` directly for now" % amd[0],
+                           short="AMD GPUs: not supported yet"))
+    if gaudi:
+        out.append(finding("warn", "gaudi-unsupported", "Gaudi: not supported yet (found hl-smi)",
+                           hint="gpu-status reads NVIDIA GPUs only; use `hl-smi` directly for now",
+                           short="Gaudi: not supported yet"))
+    if not out:
+        # A machine that should have GPUs (hosts.yaml gpus: N) and has no driver tools fails.
+        level = "fail" if expect_gpus else "warn"
+        expected = " on a machine expected to have %d GPUs" % expect_gpus if expect_gpus else ""
+        out.append(finding(level, "no-nvidia-tools",
+                           "no NVIDIA driver tools found (nvidia-smi, %s)%s" % (NVML_LIBRARY, expected),
+                           hint="install the NVIDIA driver; inside a container, start it with the NVIDIA "
+                                "runtime (--gpus all) so nvidia-smi and the library are mounted",
+                           short="no NVIDIA driver tools found (nvidia-smi, %s)" % NVML_LIBRARY))
+    return out
+
+
+def summarise(data, findings):
+    gpus = [g for g in data.get("gpus") or [] if not g.get("error")]
+    problems = [f for f in findings if LEVEL_RANK.get(f["level"], 3) >= 1]
+    problems.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))
+    notes = [f for f in findings if f["level"] == "info" and f.get("_short")]
+    parts = []
+    grouped = {}
+    for f in problems + notes:
+        if f["code"] in GROUP_SHORT and f.get("_gpu") is not None:
+            grouped.setdefault(f["code"], []).append(f)
+    done = set()
+    for f in problems + notes:
+        code = f["code"]
+        if len(grouped.get(code, [])) > 1:
+            if code not in done:
+                done.add(code)
+                parts.append(GROUP_SHORT[code] % fmt_indices([g["_gpu"] for g in grouped[code]]))
+            continue
+        s = f.get("_short") or f["message"]
+        if s not in parts:
+            parts.append(s)
+    shown = "; ".join(parts[:3]) + ("; +%d more" % (len(parts) - 3) if len(parts) > 3 else "")
+    if not gpus:
+        return shown or "no GPUs found"
+    counts = []
+    for g in gpus:
+        name = g.get("name") or "unknown GPU"
+        for c in counts:
+            if c[0] == name:
+                c[1] += 1
+                break
+        else:
+            counts.append([name, 1])
+    head = " + ".join("%d\u00d7 %s" % (n, name) for name, n in counts)
+    if data.get("driver_version"):
+        head += ", driver %s" % data["driver_version"]
+    if problems:
+        return "%s: %s" % (head, shown)
+    if notes:
+        return "%s: healthy; %s" % (head, shown)
+    return head + ": all healthy"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run(args) -> dict:
+    findings = []
+    data = {"source": None, "gpu_count": 0, "expected_gpus": args.expect_gpus, "driver_version": None,
+            "cuda_version": None, "gpus": [], "lost_gpus": [], "processes": []}
+
+    if args.nvidia_smi:
+        smi = args.nvidia_smi if os.path.exists(args.nvidia_smi) else shutil.which(args.nvidia_smi)
+    else:
+        smi = find_tool("nvidia-smi")
+    if smi:
+        collect_nvidia_smi(smi, args.timeout, data, findings)
+    else:
+        api, how = load_nvml(args.nvml)
+        if api is not None:
+            collect_nvml(api, how, data, findings)
+        else:
+            data["nvml"] = {"error": how}
+            if args.nvidia_smi:
+                findings.append(finding("warn", "no-nvidia-tools",
+                                        "nvidia-smi not found at %s, and no NVML (%s)" % (args.nvidia_smi, how),
+                                        short="nvidia-smi not found at %s" % args.nvidia_smi))
+            else:
+                findings.extend(no_tools_findings(None, args.expect_gpus))
+
+    if not args.no_kernel_log:
+        if args.kernel_log_file:
+            try:
+                with open(args.kernel_log_file, "r", encoding="utf-8", errors="replace") as f:
+                    source, text = args.kernel_log_file, f.read(KERNEL_LOG_MAX_BYTES)
+            except OSError as e:
+                source, text = None, "%s: %s" % (args.kernel_log_file, e.strerror or e)
+        else:
+            source, text = read_kernel_log()
+        if source is None:
+            data["kernel_log"] = {"source": None, "error": text}
+        else:
+            xids = scan_xids(text)
+            data["kernel_log"] = {"source": source, "xids": xids}
+            for x in xids:
+                what = "Xid %d%s" % (x["xid"], " (%s)" % x["name"] if x["name"] else "")
+                findings.append(finding(
+                    "fail" if x["fatal"] else "warn", "xid-fatal" if x["fatal"] else "xid",
+                    "%s seen %d time%s in the kernel log (%s), last: %s"
+                    % (what, x["count"], "" if x["count"] == 1 else "s", ", ".join(x["pci"]), x["last"]),
+                    hint="look the Xid up in NVIDIA's Xid catalogue; fatal ones need a GPU reset or a "
+                         "reboot, repeated ones a drained node" if x["fatal"] else
+                         "usually an application fault (bad kernel, out-of-bounds access); repeated on "
+                         "one GPU, suspect the GPU",
+                    short="%s in kernel log" % what))
+
+    analyse(data, args, findings)
+    findings.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))  # worst first, stable within a level
+    worst = max([LEVEL_RANK.get(f["level"], 3) for f in findings] + [0])
+    status = {0: "ok", 1: "warn", 2: "fail", 3: "error"}[worst]
+    summary = summarise(data, findings)
+    for f in findings:
+        f.pop("_short", None)
+        f.pop("_gpu", None)
+    return {"status": status, "summary": summary, "findings": findings, "data": data}
+
+
+if __name__ == "__main__":
+    result = run(build_parser().parse_args())
+    print(json.dumps(result, indent=2))
+    sys.exit(STATUS_EXIT.get(result.get("status"), 3))

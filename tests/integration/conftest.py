@@ -1,0 +1,80 @@
+"""The `lab` fixture: one real test lab per pytest session (see tests/lab/lab.py).
+
+Under CI (CI=true) a lab that cannot start is a test failure; elsewhere the
+integration tests are skipped with the reason. Every test in this directory is
+marked `integration`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `tests.lab` is imported from the checkout, whatever the rootdir
+    sys.path.insert(0, str(REPO))
+
+from tests.lab import Lab, LabUnavailable  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+HERE = Path(__file__).resolve().parent
+_started: list = []  # the session's lab, for the terminal summary
+
+
+def lab_unavailable(reason: str) -> None:
+    """Fail under CI, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"test lab unavailable (CI=true, so this is a failure): {reason}", pytrace=False)
+    pytest.skip(f"test lab unavailable: {reason}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The running lab: `lab.ssh_config`, `lab.main`, `lab.inner`, `lab.lxc_path`, ...
+    (the attributes are listed in the docstring of tests.lab.Lab)."""
+    try:
+        # strict under CI: any missing part (package, LXC, podman, netns) stops the lab
+        the_lab = Lab.start(strict=IN_CI)
+    except LabUnavailable as e:
+        lab_unavailable(str(e))
+    the_lab.on_unavailable = lab_unavailable
+    _started.append(the_lab)
+    try:
+        yield the_lab
+    finally:
+        the_lab.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    for the_lab in _started:
+        missing = f"; unavailable: {', '.join(the_lab.unavailable)}" if the_lab.unavailable else ""
+        terminalreporter.write_line(f"mldiag test lab: up in {the_lab.startup_s:.2f}s {the_lab.timings}{missing}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mldiag_ssh_config(lab):
+    """$MLDIAG_SSH_CONFIG for mldiag in these tests: the lab's aliases (through `Include`),
+    and for raw addresses the lab's known_hosts and identity, as a user's ~/.ssh/config would."""
+    cfg = lab.dir / "mldiag_ssh_config"
+    cfg.write_text(f"Include {lab.ssh_config}\n\nHost *\n"
+                   f"  IdentityFile {lab.identity}\n"
+                   f"  UserKnownHostsFile {lab.known_hosts}\n"
+                   f"  StrictHostKeyChecking yes\n")
+    old = os.environ.get("MLDIAG_SSH_CONFIG")
+    os.environ["MLDIAG_SSH_CONFIG"] = str(cfg)
+    try:
+        yield cfg
+    finally:
+        if old is None:
+            os.environ.pop("MLDIAG_SSH_CONFIG", None)
+        else:
+            os.environ["MLDIAG_SSH_CONFIG"] = old

@@ -1,0 +1,87 @@
+"""Host keys are verified by default (DESIGN.md §3.6): known_hosts from ssh_config's
+UserKnownHostsFile (hashed entries included), unknown or changed keys refused loudly,
+`host_key_policy: accept-new` records the key. The ssh_config here `Include`s the lab's."""
+
+import os
+import subprocess
+
+import pytest
+
+from diagnostics import bundle, runner, topology
+
+
+@pytest.fixture
+def ssh_setup(lab, tmp_path):
+    """An ssh_config with its own (empty) known_hosts for 127.0.0.2, including the lab's."""
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"""Host fresh
+  HostName {lab.main.address}
+  Port {lab.main.port}
+  User mlsh
+  IdentityFile {lab.identity}
+  UserKnownHostsFile {kh}
+  StrictHostKeyChecking yes
+
+Include {lab.ssh_config}
+""")
+    old = os.environ.get("MLDIAG_SSH_CONFIG")
+    os.environ["MLDIAG_SSH_CONFIG"] = str(cfg)
+    yield kh
+    if old is None:
+        os.environ.pop("MLDIAG_SSH_CONFIG", None)
+    else:
+        os.environ["MLDIAG_SSH_CONFIG"] = old
+
+
+def ping(lab, yaml_text, name):
+    topo = topology.load(str(lab.hosts_yaml(yaml_text)))
+    return runner.run_many([topo.targets[name]], bundle.script_job("ping"))[0]
+
+
+def test_unknown_host_key_is_refused_with_a_way_to_trust_it(lab, ssh_setup):
+    r = ping(lab, "hosts:\n  fresh: {}\n", "fresh")
+    assert r.status == "error" and r.error.layer == "hostkey"
+    assert "is not known" in r.error.message
+    assert f"ssh-keyscan -p {lab.main.port} {lab.main.address} >> {ssh_setup}" in r.error.message
+    assert "accept-new" in r.error.message
+    assert ssh_setup.read_text() == ""
+
+
+def test_accept_new_records_the_key_then_strict_passes(lab, ssh_setup):
+    r = ping(lab, "hosts:\n  fresh: {host_key_policy: accept-new}\n", "fresh")
+    assert r.status == "ok", r.to_dict()
+    line = ssh_setup.read_text().strip()
+    assert line.startswith(f"[{lab.main.address}]:{lab.main.port} ssh-ed25519 ")
+    # OpenSSH itself agrees with what we wrote
+    out = subprocess.run(["ssh", "-F", os.environ["MLDIAG_SSH_CONFIG"], "fresh", "true"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert ping(lab, "hosts:\n  fresh: {host_key_policy: strict}\n", "fresh").status == "ok"
+
+
+def test_changed_host_key_is_refused_loudly(lab, ssh_setup, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    pub = other.with_suffix(".pub").read_text().split()
+    ssh_setup.write_text(f"[{lab.main.address}]:{lab.main.port} {pub[0]} {pub[1]}\n")
+    r = ping(lab, "hosts:\n  fresh: {host_key_policy: accept-new}\n", "fresh")
+    assert r.status == "error" and r.error.layer == "hostkey"
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.error.message
+    assert f"ssh-keygen -R '[{lab.main.address}]:{lab.main.port}'" in r.error.message
+
+
+def test_hashed_known_hosts_entries_are_honoured(lab):
+    """The lab's known_hosts holds only hashed (|1|...) entries."""
+    assert all(line.startswith("|1|") for line in lab.known_hosts.read_text().splitlines() if line)
+    r = ping(lab, "hosts:\n  main: {}\n", "main")
+    assert r.status == "ok", r.to_dict()
+
+
+def test_authentication_refused_is_auth(lab, tmp_path):
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    r = ping(lab, f"hosts:\n  main: {{identity_file: {stranger}}}\n", "main")
+    assert r.status == "error" and r.error.layer == "auth"
+    assert "authentication refused for mlsh@" in r.error.message

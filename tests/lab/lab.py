@@ -1,0 +1,622 @@
+"""The mldiag test lab: real sshd hosts, a jump chain in network namespaces, LXC
+containers behind a `pct` stand-in, and a podman container — built in a few
+seconds, torn down without leftovers. See `Lab` for what a test can use."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from . import lxc, netns, rootfs, sshd, users
+from .podman import Podman
+from .util import (LabError, LabUnavailable, all_pids, cmdline, descendants, environ_has,
+                   free_port, kill_all, missing_programs, ns_of, run, state_of)
+
+REPO = Path(__file__).resolve().parents[2]
+FAKES = REPO / "tests" / "fakes"
+PCT_CONF = Path("/etc/mldiag-lab/pct.conf")
+SESSION_ENV = "MLDIAG_LAB_SESSION"  # set in every lab ssh session (and kept by sudo): finds strays
+PCT_ENV = "MLDIAG_PCT_LXCPATH"      # the session's LXC path, for tests/fakes/pct
+# set by the lab's sshds (SetEnv) and kept by sudo for the lab users (env_keep)
+SESSION_VARS = (SESSION_ENV, PCT_ENV, "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
+                "MLDIAG_FAKE_NVIDIA_SMI*")  # the fake nvidia-smi's knobs pass sudo too
+
+CT_RUNNING, CT_STOPPED = 200, 201
+VENV = "/root/venv"
+PODBOX = "podbox"
+
+# user -> alias suffix; the bare server name is user mlsh
+SSH_USERS = ("mlsh", "mlzsh", "nosudo", "root")
+
+PROGRAMS = {
+    "ssh": ["/usr/sbin/sshd", "ssh", "ssh-keygen", "sudo", "visudo", "useradd", "usermod",
+            "/usr/bin/zsh", "/bin/sh", "/usr/bin/python3"],
+    "netns": ["ip", "sysctl", "iptables"],
+    "lxc": ["lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "ldd", "/usr/bin/python3.11"],
+    "podman": ["/usr/bin/podman", "runc", "conmon"],
+}
+PACKAGES = ("openssh-server openssh-client zsh sudo lxc podman runc conmon iptables iproute2 "
+            "procps psmisc python3 python3-venv")
+
+
+class Lab:
+    """A running test lab (one per pytest session). Everything lives under `dir`.
+
+    SSH
+      ssh_config   Path: Host aliases for every (server, user): `ssh -F lab.ssh_config ALIAS`.
+                   ALIAS is the server name for user mlsh (`main`, `defaults`, `jump`, `inner`)
+                   or `<server>-<user>` for mlsh/mlzsh/nosudo/root (`main-mlzsh`, `inner-nosudo`).
+      known_hosts  Path: hashed (`|1|...`) entries for every server.
+      identity     Path: the client's ed25519 private key (identity_pub: its .pub).
+      home         Path: a HOME with .ssh/{config,known_hosts,id_ed25519} for tools that read
+                   ~/.ssh through $HOME (paramiko/Fabric); OpenSSH itself ignores $HOME.
+      main         SshServer on 127.0.0.2, MaxSessions 100 / MaxStartups 200:30:400.
+      defaults     SshServer on 127.0.0.3 with OpenSSH's default limits (no such lines).
+      jump, inner  SshServers in network namespaces: inner is reachable only through jump
+                   (`inner` aliases carry `ProxyJump jump`); see tests/lab/netns.py.
+      servers      {name: SshServer}. Each has .address .port .alias .aliases {user: alias}
+                   .log_path (LogLevel VERBOSE) .connection_count() .pid .netns .config_path.
+      users        {name: LabUser}: mlsh (/bin/sh, sudo), mlzsh (zsh, sudo), nosudo (/bin/sh).
+      path         the PATH every ssh session gets (SetEnv): fakes_dir, then the system dirs;
+                   sudo's secure_path for the lab users starts with fakes_dir too.
+      session_env  the other variables each ssh session gets and sudo keeps: MLDIAG_LAB_SESSION,
+                   MLDIAG_PCT_LXCPATH (pct's LXC path), CONTAINERS_CONF, CONTAINERS_STORAGE_CONF.
+    Containers
+      lxc_path     LXC path of the CTs; pct (fakes_dir/pct) takes it from $MLDIAG_PCT_LXCPATH,
+                   else from /etc/mldiag-lab/pct.conf (for root shells outside ssh).
+      ct_running   200: running, venv at /root/venv (made with the CT's /usr/bin/python3.11).
+      ct_stopped   201: defined, stopped.
+      podbox       'podbox': podman container (runc) with /usr/bin/python3.11; `sudo -n podman ...`
+                   works for mlsh/mlzsh (CONTAINERS_CONF* point /usr/bin/podman at the lab's config);
+                   podman: the Podman helper (lab.podman("ps") runs podman with that config).
+      rootfs       the cached base rootfs both kinds of container overlay.
+    Files
+      fakes_dir    tests/fakes (pct, nvidia-smi): first on every PATH; bind-mounted read-only at
+                   the same path in the containers, with tests/fixtures (extra_binds: the fake
+                   nvidia-smi's captures); /usr/bin/nvidia-smi there links to its nvidia-smi.
+      dir, sid, startup_s, timings.
+    """
+
+    def __init__(self, root: Path, fakes_dir: Path = FAKES, extra_binds: Optional[List[Path]] = None,
+                 strict: bool = True):
+        self.root = Path(root)
+        self.sid = secrets.token_hex(3)
+        self.fakes_dir = Path(fakes_dir)
+        if extra_binds is None:  # the fake nvidia-smi reads its captures from tests/fixtures
+            extra_binds = [REPO / "tests" / "fixtures"]
+        self.extra_binds = [Path(p) for p in extra_binds if Path(p).is_dir()]
+        self.strict = strict
+        self.unavailable: Dict[str, str] = {}
+        self.on_unavailable: Callable[[str], None] = self._raise_unavailable
+        self.timings: Dict[str, float] = {}
+        self.startup_s = 0.0
+        self.servers: Dict[str, sshd.SshServer] = {}
+        self.users = users.USERS
+        self.jumpnet: Optional[netns.JumpNet] = None
+        self.podman: Optional[Podman] = None
+        self.ct_running, self.ct_stopped, self.podbox = CT_RUNNING, CT_STOPPED, PODBOX
+        self.venv_python = f"{VENV}/bin/python"
+        self._ct_pids: Dict[int, int] = {}
+        self._podbox_pid: Optional[int] = None
+        self.rootfs: Optional[Path] = None
+        self._hosts_n = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def dir(self) -> Path:
+        return self.root / f"session-{self.sid}"
+
+    @property
+    def lxc_path(self) -> Path:
+        return self.dir / "lxc"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def identity(self) -> Path:
+        return self.dir / "client" / "id_ed25519"
+
+    @property
+    def identity_pub(self) -> Path:
+        return self.dir / "client" / "id_ed25519.pub"
+
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def path(self) -> str:
+        return f"{self.fakes_dir}:/usr/local/bin:/usr/bin:/bin"
+
+    @property
+    def secure_path(self) -> str:
+        return f"{self.fakes_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    @property
+    def session_env(self) -> Dict[str, str]:
+        env = {SESSION_ENV: self.sid, PCT_ENV: str(self.lxc_path)}
+        if self.podman:
+            env.update(self.podman.config_env)
+        return env
+
+    main = property(lambda self: self.servers["main"])
+    defaults = property(lambda self: self.servers["defaults"])
+    jump = property(lambda self: self.servers["jump"])
+    inner = property(lambda self: self.servers["inner"])
+
+    # ------------------------------------------------------------------ start
+
+    @classmethod
+    def start(cls, root: Optional[Path] = None, **kw) -> "Lab":
+        """Build and start the lab; on failure tear down what was started and re-raise."""
+        root = Path(root or f"/tmp/mldiag-lab-{os.getuid()}")
+        lab = cls(root, **kw)
+        try:
+            lab._start()
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+
+    def _step(self, name: str, fn, *args):
+        t = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.timings[name] = round(time.monotonic() - t, 3)
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        if os.geteuid() != 0:
+            raise LabUnavailable("the lab needs root (users, sudoers, LXC, network namespaces)")
+        # MLDIAG_LAB_SKIP=podman,lxc: treat parts as missing (a developer box where one misbehaves)
+        skip = {p.strip() for p in os.environ.get("MLDIAG_LAB_SKIP", "").split(",") if p.strip()}
+        for part, progs in PROGRAMS.items():
+            if part in skip:
+                self._unavailable(part, "disabled by MLDIAG_LAB_SKIP")
+                continue
+            missing = missing_programs(progs)
+            if missing:
+                self._unavailable(part, f"missing {', '.join(missing)} "
+                                        f"(apt-get install -y --no-install-recommends {PACKAGES})")
+        if "ssh" in self.unavailable:
+            raise LabUnavailable(self.unavailable["ssh"])
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        self._step("reap_stale", reap_stale_sessions, self.root)
+        self.dir.mkdir(mode=0o755)
+        self._write_state()
+        self.fakes_dir = self._reachable_fakes()
+        self._step("users", users.ensure_users)
+        self._step("keys", self._make_keys)
+        if "netns" not in self.unavailable:
+            self._step("netns", self._start_netns)
+        self._step("sudoers", self._install_globals)
+        base = None
+        if not {"lxc", "podman"} <= set(self.unavailable):
+            try:
+                base = self.rootfs = self._step("rootfs", rootfs.base_rootfs, self.root / "cache")
+            except LabUnavailable as e:
+                for part in ("lxc", "podman"):
+                    self._unavailable(part, str(e))
+        # podman (the slowest part) starts in a thread while LXC and the sshds come up
+        pod_thread, pod_error = None, []
+        if "podman" not in self.unavailable:
+            self.podman = Podman(self.dir / "podman")
+            self.podman.write_config()
+            self._write_state()
+
+            def pod():
+                try:
+                    self._step("podman", self._start_podman, base)
+                except BaseException as e:  # re-raised below, in this thread
+                    pod_error.append(e)
+
+            pod_thread = threading.Thread(target=pod, name="lab-podman")
+            pod_thread.start()
+        try:
+            if "lxc" not in self.unavailable:
+                self._step("lxc", self._start_lxc, base)
+            self._step("sshd", self._start_sshds)
+        finally:
+            if pod_thread:
+                pod_thread.join()
+        if pod_error:
+            raise pod_error[0]
+        self._write_state()
+        self.startup_s = round(time.monotonic() - t0, 3)
+
+    def _unavailable(self, part: str, reason: str) -> None:
+        if self.strict:
+            raise LabUnavailable(f"{part}: {reason}")
+        self.unavailable[part] = reason
+
+    @staticmethod
+    def _raise_unavailable(reason: str) -> None:
+        raise LabUnavailable(reason)
+
+    def need(self, *parts: str) -> None:
+        """Call on_unavailable (pytest: skip, or fail under CI) if a part is missing."""
+        for part in parts:
+            if part in self.unavailable:
+                self.on_unavailable(f"lab part {part!r} unavailable: {self.unavailable[part]}")
+
+    def _reachable_fakes(self) -> Path:
+        """The fakes dir, or a copy under the lab dir when the lab users cannot reach it
+        (a checkout under /root): every directory above it needs o+x. The copy keeps the
+        layout (tests/fakes beside tests/fixtures), where the fake nvidia-smi looks."""
+        p = self.fakes_dir
+        if all(os.stat(d).st_mode & 0o001 for d in [p, *p.parents]):
+            return p
+
+        def copy_of(src: Path) -> Path:
+            try:
+                dest = self.dir / "repo" / src.relative_to(REPO)
+            except ValueError:
+                dest = self.dir / "binds" / src.relative_to(src.anchor)
+            shutil.copytree(src, dest, symlinks=True)
+            return dest
+
+        self.extra_binds = [copy_of(b) for b in self.extra_binds]
+        return copy_of(p)
+
+    def _make_keys(self) -> None:
+        (self.dir / "client").mkdir(mode=0o700)
+        sshd.keygen(self.identity, f"mldiag-lab-{self.sid}")
+        auth = self.dir / "authorized_keys"
+        auth.mkdir(mode=0o755)
+        pub = self.identity_pub.read_text()
+        for user in SSH_USERS:
+            (auth / user).write_text(pub)
+            os.chmod(auth / user, 0o644)
+
+    def _start_netns(self) -> None:
+        try:
+            self.jumpnet = netns.setup(self.sid)
+        except LabError as e:
+            self._unavailable("netns", f"cannot build network namespaces: {e}")
+        self._write_state()
+
+    def _install_globals(self) -> None:
+        # NOTE: the same text for every session (per-session values travel in SetEnv), so
+        # two sessions on one machine do not disturb each other.
+        users.install_sudoers(users.sudoers_text(self.users.values(), self.secure_path, SESSION_VARS))
+        PCT_CONF.parent.mkdir(parents=True, exist_ok=True)
+        PCT_CONF.write_text(f"# written by the mldiag test lab, session {self.dir}\n"
+                            f"lxcpath: {self.lxc_path}\n")
+
+    def _binds(self) -> List[Path]:
+        return [self.fakes_dir, *self.extra_binds]
+
+    def _start_lxc(self, base: Path) -> None:
+        self.lxc_path.mkdir(mode=0o755)
+        links = {"/usr/bin/nvidia-smi": str(self.fakes_dir / "nvidia-smi")}
+        for vmid in (CT_RUNNING, CT_STOPPED):
+            lxc.define(self.lxc_path, vmid, base, self._binds(), links)
+        try:
+            pid = lxc.start(self.lxc_path, CT_RUNNING, self.dir / f"lxc-{CT_RUNNING}.log")
+        except LabError as e:
+            self._unavailable("lxc", str(e))
+            return
+        self._ct_pids[CT_RUNNING] = pid
+        self._write_state()
+        lxc.attach(self.lxc_path, CT_RUNNING, ["/usr/bin/python3.11", "-m", "venv", "--without-pip", VENV])
+
+    def _start_podman(self, base: Path) -> None:
+        try:
+            self._podbox_pid = self.podman.start(PODBOX, base, self._binds())
+        except LabError as e:
+            self._unavailable("podman", str(e))
+            return
+        # a symlink, as in the CTs: the fake finds its fixtures beside its real path
+        self.podman("exec", PODBOX, "ln", "-s", str(self.fakes_dir / "nvidia-smi"), "/usr/bin/nvidia-smi")
+
+    def _start_sshds(self) -> None:
+        version = sshd.openssh_version()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        specs = [("main", "127.0.0.2", True, None, None), ("defaults", "127.0.0.3", False, None, None)]
+        if self.jumpnet:
+            j = self.jumpnet
+            specs += [("jump", j.jump_addr, True, j.ns_jump, None),
+                      ("inner", j.inner_addr, True, j.ns_inner, "jump")]
+        for name, address, generous, ns, via in specs:
+            d = self.dir / "sshd" / name
+            d.mkdir(parents=True)
+            s = sshd.SshServer(name=name, address=address, port=22 if ns else 0, dir=d,
+                               generous=generous, netns=ns, proxy_jump=via)
+            s.aliases = {u: (name if u == "mlsh" else f"{name}-{u}") for u in SSH_USERS}
+            s.host_key_pub = sshd.keygen(s.host_key, f"mldiag-lab-{name}")
+            self.servers[name] = s
+        setenv = {"PATH": self.path, **self.session_env}
+        for s in self.servers.values():
+            for attempt in range(5):
+                if not s.netns:
+                    s.port = free_port(s.address)
+                s.write_config(authorized_keys_dir=self.dir / "authorized_keys", setenv=setenv,
+                               version=version)
+                try:
+                    s.start()
+                    break
+                except LabError as e:
+                    if "Address already in use" not in str(e) or s.netns or attempt == 4:
+                        raise
+            self._write_state()
+        self.known_hosts.write_text(sshd.known_hosts_text(self.servers.values()))
+        self.ssh_config.write_text(sshd.ssh_config_text(self.servers.values(), self.identity,
+                                                         self.known_hosts))
+        ssh_dir = self.home / ".ssh"
+        ssh_dir.mkdir(parents=True, mode=0o700)
+        shutil.copy(self.identity, ssh_dir / "id_ed25519")
+        shutil.copy(self.identity_pub, ssh_dir / "id_ed25519.pub")
+        shutil.copy(self.known_hosts, ssh_dir / "known_hosts")
+        (ssh_dir / "config").write_text(sshd.ssh_config_text(
+            self.servers.values(), ssh_dir / "id_ed25519", ssh_dir / "known_hosts"))
+
+    # ------------------------------------------------------------------ helpers for tests
+
+    def ssh_argv(self, alias: str, *argv: str) -> List[str]:
+        """`ssh -F ssh_config ALIAS ARGV...` as an argv list (ARGV is joined by ssh: quote it)."""
+        return ["ssh", "-F", str(self.ssh_config), alias, *argv]
+
+    def ssh(self, alias: str, *argv: str, input: Optional[str] = None, timeout: float = 30):
+        """Run ssh_argv(...) and return the CompletedProcess (text, not checked)."""
+        return subprocess.run(self.ssh_argv(alias, *argv), input=input, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def hosts_yaml(self, text: str) -> Path:
+        """Write `text` as hosts.yaml in a fresh directory of its own; returns the file's Path."""
+        self._hosts_n += 1
+        d = Path(tempfile.mkdtemp(prefix=f"hosts{self._hosts_n}-", dir=self.dir))
+        p = d / "hosts.yaml"
+        p.write_text(text)
+        return p
+
+    def netns_argv(self, server: str, argv: List[str]) -> List[str]:
+        """argv run inside `server`'s network namespace (jump/inner), e.g. for iptables faults."""
+        ns = self.servers[server].netns
+        if not ns:
+            raise LabError(f"server {server} runs in the root network namespace")
+        return ["ip", "netns", "exec", ns, *argv]
+
+    def _container_pid(self, vmid: int) -> int:
+        self.need("lxc")
+        pid = lxc.init_pid(self.lxc_path, vmid)
+        if pid is None:
+            raise LabError(f"CT {vmid} is not running")
+        return pid
+
+    @staticmethod
+    def _pids_in_ns_of(init: int, include_init: bool) -> List[int]:
+        target = ns_of(init, "pid")
+        return sorted(p for p in all_pids()
+                      if (include_init or p != init) and ns_of(p, "pid") == target
+                      and state_of(p) not in (None, "Z"))
+
+    def container_pids(self, vmid: int = CT_RUNNING, include_init: bool = False) -> List[int]:
+        """Host PIDs of the live processes inside CT `vmid` (its init left out by default)."""
+        return self._pids_in_ns_of(self._container_pid(vmid), include_init)
+
+    def container_cmdlines(self, vmid: int = CT_RUNNING, include_init: bool = False) -> List[List[str]]:
+        """argv of each process inside CT `vmid` (see container_pids)."""
+        return [c for c in (cmdline(p) for p in self.container_pids(vmid, include_init)) if c is not None]
+
+    def container_tmp(self, vmid: int = CT_RUNNING) -> List[str]:
+        """Sorted entries of /tmp inside CT `vmid`."""
+        return sorted(os.listdir(f"/proc/{self._container_pid(vmid)}/root/tmp"))
+
+    def _podman_pid(self, name: str) -> int:
+        self.need("podman")
+        if name == PODBOX and self._podbox_pid and state_of(self._podbox_pid):
+            return self._podbox_pid
+        return self.podman.pid(name)
+
+    def podman_pids(self, name: str = PODBOX, include_init: bool = False) -> List[int]:
+        return self._pids_in_ns_of(self._podman_pid(name), include_init)
+
+    def podman_cmdlines(self, name: str = PODBOX, include_init: bool = False) -> List[List[str]]:
+        """argv of each process inside podman container `name` (its init left out by default)."""
+        return [c for c in (cmdline(p) for p in self.podman_pids(name, include_init)) if c is not None]
+
+    def podman_tmp(self, name: str = PODBOX) -> List[str]:
+        return sorted(os.listdir(f"/proc/{self._podman_pid(name)}/root/tmp"))
+
+    def host_tmp(self, user: str) -> List[str]:
+        """Sorted entries of the host's /tmp owned by `user` (lab users have no TMPDIR)."""
+        uid = pwd.getpwnam(user).pw_uid
+        out = []
+        for name in os.listdir("/tmp"):
+            try:
+                if os.lstat(os.path.join("/tmp", name)).st_uid == uid:
+                    out.append(name)
+            except FileNotFoundError:
+                pass
+        return sorted(out)
+
+    def session_processes(self) -> List[int]:
+        """PIDs of processes started through the lab's sshds (below a listener, or carrying
+        this session's MLDIAG_LAB_SESSION, which sudo keeps), listeners excluded."""
+        listeners = [s.pid for s in self.servers.values() if s.pid]
+        pids = set(descendants(listeners))
+        me = os.getpid()
+        for p in all_pids():
+            if p != me and environ_has(p, SESSION_ENV, self.sid):
+                pids.add(p)
+        return sorted(p for p in pids if state_of(p) not in (None, "Z"))
+
+    def kill_session_sshd(self, server: str = "main", user: Optional[str] = None,
+                          sig: int = signal.SIGKILL) -> int:
+        """Kill the per-connection sshd processes of `server` (optionally only `user`'s),
+        cutting those connections; the listener and the commands they ran stay. Returns
+        how many sshd processes were signalled."""
+        s = self.servers[server]
+        victims = []
+        for child in s.session_pids():
+            title = " ".join(cmdline(child) or [])
+            if user is not None and not title.startswith(f"sshd: {user} "):
+                continue
+            victims.append(child)
+            victims += [p for p in descendants([child]) if _comm(p) == "sshd"]
+        for p in victims:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        return len(victims)
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        """Stop everything this session started; remove its namespaces and directory."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.dir.exists():  # failed before it built anything
+            return
+        stray = self.session_processes() if self.servers else []
+        for s in self.servers.values():
+            s.stop()
+        kill_all(stray)
+        teardown_state(self._state(), remove_dir=True)
+
+    def _state(self) -> dict:
+        return {
+            "owner": os.getpid(), "sid": self.sid, "dir": str(self.dir),
+            "sshd": [s.pid for s in self.servers.values() if s.pid],
+            "lxc_path": str(self.lxc_path), "vmids": [CT_RUNNING, CT_STOPPED],
+            "podman": ({"conf": str(self.podman.conf), "storage_conf": str(self.podman.storage_conf),
+                        "names": [PODBOX]} if self.podman else None),
+            "jumpnet": self.jumpnet.__dict__ if self.jumpnet else None,
+        }
+
+    def _write_state(self) -> None:
+        if self.dir.is_dir():
+            (self.dir / "state.json").write_text(json.dumps(self._state()))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def summary(self) -> str:
+        lines = [f"mldiag lab {self.sid} in {self.dir} (up in {self.startup_s:.2f}s: {self.timings})",
+                 f"  ssh -F {self.ssh_config} ALIAS"]
+        for s in self.servers.values():
+            lines.append(f"  {s.name:9} {s.address}:{s.port} netns={s.netns or '-'} "
+                         f"aliases={','.join(s.aliases.values())} log={s.log_path}")
+        lines.append(f"  lxc_path {self.lxc_path} (CT {CT_RUNNING} running, {CT_STOPPED} stopped)")
+        if self.podman:
+            lines.append(f"  podman {PODBOX}: " + " ".join(f"{k}={v}" for k, v in self.podman.config_env.items()))
+        for part, why in self.unavailable.items():
+            lines.append(f"  UNAVAILABLE {part}: {why}")
+        return "\n".join(lines)
+
+
+def _comm(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def teardown_state(state: dict, remove_dir: bool) -> None:
+    """Undo a session from its state.json: containers, podman, netns, global files, dir.
+    Never raises: it also cleans up after a crashed session."""
+    d = Path(state["dir"])
+    lxc_path = Path(state["lxc_path"])
+    for vmid in state.get("vmids", []):
+        if (lxc_path / str(vmid) / "config").exists():
+            lxc.stop(lxc_path, vmid)
+    pm = state.get("podman")
+    if pm and Path(pm["conf"]).exists():
+        env = {**os.environ, "CONTAINERS_CONF": pm["conf"], "CONTAINERS_STORAGE_CONF": pm["storage_conf"]}
+        for name in pm.get("names", []):
+            run(["/usr/bin/podman", "rm", "-f", "-t", "0", name], check=False, env=env)
+        # NOTE: conmon runs `podman container cleanup` when the container exits, after
+        # `rm` returned; it re-mounts the storage. Wait for those (they name our dir).
+        _wait_gone(lambda: [p for p in all_pids() if str(d) in " ".join(cmdline(p) or [])
+                            and p != os.getpid()], timeout=10)
+    if state.get("jumpnet"):
+        netns.teardown(netns.JumpNet(**state["jumpnet"]))
+    # the global files go with the last session on this machine
+    if not _live_sessions(d.parent, but=d):
+        for f in (users.SUDOERS_FILE, PCT_CONF):
+            try:
+                f.unlink()
+            except FileNotFoundError:
+                pass
+    if remove_dir:
+        _umount_below(d)
+        shutil.rmtree(d, ignore_errors=True)
+        if d.exists():  # something mounted meanwhile: once more
+            _umount_below(d)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _wait_gone(find: Callable[[], List[int]], timeout: float) -> None:
+    """Wait until find() returns no PIDs; then kill what is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not find():
+            return
+        time.sleep(0.05)
+    kill_all(find())
+
+
+def _umount_below(d: Path) -> None:
+    prefix = str(d) + "/"
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for m in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        run(["umount", "-l", m], check=False)
+
+
+def _live_sessions(root: Path, but: Path) -> List[Path]:
+    out = []
+    for state_file in root.glob("session-*/state.json"):
+        if state_file.parent == but:
+            continue
+        try:
+            owner = json.loads(state_file.read_text()).get("owner")
+        except (OSError, ValueError):
+            continue
+        if owner and state_of(owner) not in (None, "Z"):
+            out.append(state_file.parent)
+    return out
+
+
+def reap_stale_sessions(root: Path) -> None:
+    """Clean up sessions whose owner process is gone (a killed pytest), so re-runs start clean."""
+    for state_file in root.glob("session-*/state.json"):
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            continue
+        owner = state.get("owner")
+        if owner and state_of(owner) not in (None, "Z"):
+            continue  # a live session (another pytest): leave it alone
+        for pid in state.get("sshd", []):
+            if state_of(pid) and state["dir"] in " ".join(cmdline(pid) or []):
+                kill_all([pid, *descendants([pid])])
+        teardown_state(state, remove_dir=True)

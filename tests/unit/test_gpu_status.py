@@ -1,0 +1,871 @@
+"""gpu-status against the fake nvidia-smi answering from real captures.
+
+The diagnostic runs in-process (its ``run(args)``), and it runs the fake as a real subprocess,
+the way it runs nvidia-smi on a target. Expected values were written by hand from the capture
+files in tests/fixtures/nvidia-smi/, not computed from them.
+"""
+
+import ast
+import copy
+import ctypes as C
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
+FAKE = ROOT / "tests" / "fakes" / "nvidia-smi"
+CAPTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
+
+H100 = "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+H200 = "linux-x86_64__nvidia-h200__590.48.01.txt"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("mldiag_test_gpu_status", str(SCRIPT))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gs = _load_script()
+
+
+@pytest.fixture
+def smi_env(tmp_path, monkeypatch):
+    """PATH whose ``python3`` is this venv's interpreter without site (-S): the fake's
+    ``#!/usr/bin/env python3`` runs on whatever python3 comes first, as on a target, and the
+    fake needs only the standard library, so it starts in half the time."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "python3"
+    wrapper.write_text('#!/bin/sh\nexec "%s" -S "$@"\n' % sys.executable)  # -S: stdlib is all it needs
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s%s%s" % (bindir, os.pathsep, os.environ.get("PATH", "")))
+    for var in ("MLDIAG_FAKE_NVIDIA_SMI", "MLDIAG_FAKE_NVIDIA_SMI_PHASE", "MLDIAG_FAKE_NVIDIA_SMI_EXIT",
+                "MLDIAG_FAKE_NVIDIA_SMI_HANG", "MLDIAG_FAKE_NVIDIA_SMI_LOG", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+_RUNS = {}
+
+
+def gpu_status(*argv, capture=H100, phase="idle", exit=None, hang=None, log=None, monkeypatch=None):
+    """run() on the fake with this capture; the same run twice is answered from a cache."""
+    key = (capture, phase, exit, hang, argv)
+    if log is None and key in _RUNS:
+        return copy.deepcopy(_RUNS[key])
+    env = {"MLDIAG_FAKE_NVIDIA_SMI": capture, "MLDIAG_FAKE_NVIDIA_SMI_PHASE": phase}
+    if exit is not None:
+        env["MLDIAG_FAKE_NVIDIA_SMI_EXIT"] = str(exit)
+    if hang is not None:
+        env["MLDIAG_FAKE_NVIDIA_SMI_HANG"] = str(hang)
+    if log is not None:
+        env["MLDIAG_FAKE_NVIDIA_SMI_LOG"] = str(log)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    # the captured pids are not processes of this machine: never look them up in /proc here
+    monkeypatch.setattr(gs, "visible_command", lambda pid, name: None)
+    args = gs.build_parser().parse_args(["--nvidia-smi", str(FAKE), "--no-kernel-log"] + list(argv))
+    result = gs.run(args)
+    json.dumps(result)  # a JSON document, nothing else
+    _RUNS[key] = copy.deepcopy(result)
+    return result
+
+
+def codes(result):
+    return sorted((f["level"], f["code"]) for f in result["findings"])
+
+
+def fake(*argv, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([str(FAKE)] + list(argv), capture_output=True, text=True, env=e, timeout=30)
+
+
+# --------------------------------------------------------------------------- one test per capture
+
+# (capture, phase, name, memory total/used MiB, driver, cuda, temperature C, power W, persistence,
+#  active clock-event reasons, MIG current, compute cap, processes (pid, name, MiB), findings)
+CASES = [
+    ("linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.txt", "idle", "NVIDIA GeForce RTX 2080 SUPER",
+     8192, 214, "595.71.05", "13.2", 40, 39.32, False, ["sw_power_cap"], None, "7.5", [],
+     [("info", "clocks-sw-power-cap"), ("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.txt", "load", "NVIDIA GeForce RTX 2080 SUPER",
+     8192, 819, "595.71.05", "13.2", 45, 111.50, False, [], None, "7.5",
+     [(5268, "ffmpeg", 370), (5267, "ffmpeg", 230)], [("info", "gpu-busy"), ("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-geforce-rtx-2080-super__610.57.04.txt", "idle", "NVIDIA GeForce RTX 2080 SUPER",
+     8192, 211, "610.57.04", "13.3", 33, 39.17, False, ["gpu_idle"], None, "7.5", [],
+     [("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-geforce-rtx-2080-super__610.57.04.txt", "load", "NVIDIA GeForce RTX 2080 SUPER",
+     8192, 815, "610.57.04", "13.3", 38, 98.14, False, [], None, "7.5",
+     [(28512, "ffmpeg", 370), (28511, "ffmpeg", 230)], [("info", "gpu-busy"), ("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.txt", "idle", "NVIDIA GeForce RTX 4080 SUPER",
+     16376, 596, "595.71.05", "13.2", 43, 26.20, False, ["gpu_idle"], None, "8.9",
+     [(2165, "/usr/bin/kwin_wayland", 25)], [("info", "gpu-busy"), ("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.txt", "load", "NVIDIA GeForce RTX 4080 SUPER",
+     16376, 1474, "595.71.05", "13.2", 46, 84.24, False, [], None, "8.9",
+     [(2165, "/usr/bin/kwin_wayland", 25), (5022, "ffmpeg", 503), (5021, "ffmpeg", 360)],
+     [("info", "gpu-busy"), ("warn", "persistence-off")]),
+    (H100, "idle", "NVIDIA H100 80GB HBM3", 81559, 0, "590.48.01", "13.1", 41, 69.85, True, ["gpu_idle"],
+     False, "9.0", [], []),
+    (H100, "load", "NVIDIA H100 80GB HBM3", 81559, 19818, "590.48.01", "13.1", 59, 631.95, True, [], False,
+     "9.0", [(11327, "/root/tools/memhog", 2566), (11328, "/root/tools/memhog", 1542),
+             (11345, "./gpu_burn", 15690)], [("info", "gpu-busy")]),
+    ("linux-x86_64__nvidia-h100-mig__590.48.01.txt", "idle", "NVIDIA H100 80GB HBM3", 81559, 59, "590.48.01",
+     "13.1", 42, 71.15, True, ["gpu_idle"], True, "9.0", [], []),
+    ("linux-x86_64__nvidia-h100-mig__590.48.01.txt", "load", "NVIDIA H100 80GB HBM3", 81559, 11125,
+     "590.48.01", "13.1", 53, 433.78, True, [], True, "9.0",
+     [(21180, "/root/tools/memhog", 2296), (21181, "/root/tools/memhog", 1272), (21198, "./gpu_burn", 7484)],
+     [("info", "gpu-busy")]),
+    ("linux-x86_64__nvidia-h200-mig__590.48.01.txt", "idle", "NVIDIA H200", 143771, 55, "590.48.01", "13.1",
+     28, 78.28, True, ["gpu_idle"], True, "9.0", [], []),
+    ("linux-x86_64__nvidia-h200-mig__590.48.01.txt", "load", "NVIDIA H200", 143771, 16959, "590.48.01",
+     "13.1", 36, 295.01, True, [], True, "9.0",
+     [(12249, "/root/tools/memhog", 2194), (12250, "/root/tools/memhog", 1170), (12267, "./gpu_burn", 13526)],
+     [("info", "gpu-busy")]),
+    (H200, "idle", "NVIDIA H200", 143771, 0, "590.48.01", "13.1", 28, 77.71, True, ["gpu_idle"], False, "9.0",
+     [], []),
+    (H200, "load", "NVIDIA H200", 143771, 32362, "590.48.01", "13.1", 52, 627.40, True, [], False, "9.0",
+     [(10291, "/root/tools/memhog", 2566), (10293, "/root/tools/memhog", 1542), (10309, "./gpu_burn", 28234)],
+     [("info", "gpu-busy")]),
+    ("linux-x86_64__nvidia-l40s__595.80.txt", "idle", "NVIDIA L40S", 46068, 0, "595.80", "13.2", 63, 144.97,
+     False, [], None, "8.9", [], [("warn", "persistence-off")]),
+    ("linux-x86_64__nvidia-l40s__595.80.txt", "load", "NVIDIA L40S", 46068, 1235, "595.80", "13.2", 54, 110.23,
+     False, [], None, "8.9", [(20037, "ffmpeg", 538), (20038, "ffmpeg", 681)],
+     [("info", "gpu-busy"), ("warn", "persistence-off")]),
+]
+
+
+@pytest.mark.parametrize(
+    "capture,phase,name,total,used,driver,cuda,temp,power,persistence,reasons,mig,cc,procs,expected",
+    CASES, ids=["%s-%s" % (c[0].split("__")[1], c[1]) for c in CASES])
+def test_capture(smi_env, monkeypatch, capture, phase, name, total, used, driver, cuda, temp, power,
+                 persistence, reasons, mig, cc, procs, expected):
+    r = gpu_status("--expect-gpus", "1", capture=capture, phase=phase, monkeypatch=monkeypatch)
+    d = r["data"]
+    assert d["source"] == "nvidia-smi"
+    assert d["gpu_count"] == 1 and len(d["gpus"]) == 1
+    assert (d["driver_version"], d["cuda_version"]) == (driver, cuda)
+    g = d["gpus"][0]
+    assert g["index"] == 0
+    assert g["name"] == name
+    assert g["uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+    assert (g["memory_total_mib"], g["memory_used_mib"]) == (total, used)
+    assert g["temperature_c"] == temp
+    assert g["power_draw_w"] == pytest.approx(power)
+    assert g["persistence_mode"] is persistence
+    assert g["clocks_event_reasons"]["names"] == reasons
+    assert g["mig_mode"]["current"] is mig
+    assert g["compute_cap"] == cc
+    assert [(p["pid"], p["name"], p["used_memory_mib"]) for p in d["processes"]] == procs
+    assert all(p["gpu"] == 0 for p in d["processes"])
+    assert codes(r) == sorted(expected)
+    worst = max([gs.LEVEL_RANK[lvl] for lvl, _ in expected] + [0])
+    assert r["status"] == ["ok", "warn", "fail"][worst]
+    assert r["summary"].startswith("1\u00d7 %s, driver %s: " % (name, driver))
+    assert "error" not in g and "unreadable" not in g
+
+
+def test_capture_details_h100_idle(smi_env, monkeypatch):
+    """Fields beyond the table above, read by hand from the H100 idle row."""
+    r = gpu_status("--expect-gpus", "1", capture=H100, monkeypatch=monkeypatch)
+    g = r["data"]["gpus"][0]
+    assert g["pci_bus_id"] == "00000000:00:09.0"
+    assert g["power_limit_w"] == 700.0
+    assert g["pstate"] == "P0"
+    assert g["ecc_mode"] is True
+    assert g["ecc_errors"] == {"uncorrected_volatile": 0, "uncorrected_aggregate": 0,
+                               "corrected_volatile": 0, "corrected_aggregate": 0}
+    assert g["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+    assert g["retired_pages"] == {"sbe": None, "dbe": None, "pending": None}  # [N/A] on Hopper
+    assert g["clocks_event_reasons"]["active"] == "0x0000000000000001"
+    assert g["mig_mode"] == {"current": False, "pending": False}
+    assert (g["utilization_gpu_pct"], g["utilization_memory_pct"]) == (0, 0)
+    assert r["summary"] == "1\u00d7 NVIDIA H100 80GB HBM3, driver 590.48.01: all healthy"
+    assert r["status"] == "ok"
+
+
+def test_mig_capture_lists_instances_and_na_utilisation(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "1", capture="linux-x86_64__nvidia-h100-mig__590.48.01.txt",
+                   monkeypatch=monkeypatch)
+    g = r["data"]["gpus"][0]
+    assert g["utilization_gpu_pct"] is None  # [N/A] under MIG
+    assert g["remapped_rows"]["pending"] is None
+    assert [(m["profile"], m["device"]) for m in g["mig_devices"]] == [
+        ("3g.40gb", 0), ("2g.20gb", 1), ("1g.10gb", 2), ("1g.10gb", 3)]
+    assert g["mig_devices"][1]["uuid"] == "MIG-00000001-0000-0000-0000-000000000001"
+
+
+def test_sw_power_cap_is_information_not_a_problem(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "1", capture="linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.txt",
+                   monkeypatch=monkeypatch)
+    cap = [f for f in r["findings"] if f["code"] == "clocks-sw-power-cap"][0]
+    assert cap["level"] == "info"
+    assert "39 W of 250 W" in cap["message"]
+    assert r["status"] == "warn"  # from persistence mode, not from the power cap
+
+
+# --------------------------------------------------------------------------- "not available"
+
+
+@pytest.mark.parametrize("cell", ["[N/A]", "N/A", "[Not Supported]", "[Requested functionality has been deprecated]",
+                                  "[Function Not Found]", "", "  ", " [N/A] ", "Not Supported"])
+@pytest.mark.parametrize("kind", ["str", "int", "float", "bool", "hex"])
+def test_not_available_forms_parse_as_none(cell, kind):
+    assert gs.parse_value(cell, kind) is None
+
+
+@pytest.mark.parametrize("cell,kind,value", [
+    ("81559", "int", 81559), ("81559 MiB", "int", 81559), ("69.85", "float", 69.85), ("69.85 W", "float", 69.85),
+    ("Enabled", "bool", True), ("Disabled", "bool", False), ("Yes", "bool", True), ("No", "bool", False),
+    ("Active", "bool", True), ("Not Active", "bool", False), ("0x0000000000000048", "hex", 0x48),
+    ("9.0", "str", "9.0"), ("[Unknown Error]", "int", None),
+])
+def test_values_parse(cell, kind, value):
+    assert gs.parse_value(cell, kind) == value
+
+
+def test_unknown_error_cell_is_kept_as_unreadable():
+    keys = ["index", "name", "memory_used_mib", "temperature_c"]
+    gpus, lost, other = gs.parse_gpu_rows("0, NVIDIA H200, [Unknown Error], abc\n", keys)
+    assert gpus[0]["memory_used_mib"] is None and gpus[0]["temperature_c"] is None
+    assert gpus[0]["unreadable"] == {"memory_used_mib": "[Unknown Error]", "temperature_c": "abc"}
+
+
+def test_row_that_does_not_parse_becomes_an_error_row():
+    keys = ["index", "name", "memory_used_mib"]
+    gpus, lost, other = gs.parse_gpu_rows("0, NVIDIA H200, 5\n1, NVIDIA H200\nx, NVIDIA H200, 5\n", keys)
+    assert gpus[0]["index"] == 0 and "error" not in gpus[0]
+    assert gpus[1]["error"].startswith("expected 3 columns") and gpus[1]["raw"] == "1, NVIDIA H200"
+    assert gpus[2]["error"] and gpus[2]["index"] is None
+
+
+@pytest.mark.parametrize("line,index,bus", [
+    ("Unable to determine the device handle for GPU 0000:05:00.0: GPU is lost.  Reboot the system to "
+     "recover this GPU", None, "0000:05:00.0"),
+    ("Unable to determine the device handle for GPU1: 0000:0A:00.0: GPU is lost.  Reboot the system to "
+     "recover this GPU", 1, "0000:0A:00.0"),
+    ("Unable to determine the device handle for gpu 0000:3B:00.0: Unknown Error", None, "0000:3B:00.0"),
+])
+def test_lost_gpu_lines_between_rows(line, index, bus):
+    """Real nvidia-smi prints these among the healthy rows (forms seen in public reports)."""
+    keys = ["index", "name"]
+    gpus, lost, other = gs.parse_gpu_rows("0, NVIDIA GeForce RTX 3060\n%s\n" % line, keys, 15)
+    assert [g["index"] for g in gpus] == [0]
+    assert [(l["index"], l["pci_bus_id"]) for l in lost] == [(index, bus)]
+
+
+def test_clock_reason_bits_are_nvmls():
+    assert gs.decode_clock_reasons(0x1FF) == [
+        "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+        "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting"]
+    assert gs.decode_clock_reasons(0x0) == []
+    assert gs.decode_clock_reasons(0x1000) == ["0x1000"]
+    assert gs.decode_clock_reasons(None) is None
+
+
+def test_command_line_of_a_visible_process():
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0") if a]
+    assert gs.visible_command(os.getpid(), argv[0]) == " ".join(argv)[:300]
+    assert gs.visible_command(os.getpid(), "not-this-program") is None  # pid reused / other namespace
+    assert gs.visible_command(2 ** 22 + 1, "python") is None
+
+
+# --------------------------------------------------------------------------- derived fault captures
+
+
+def test_eight_healthy_h200(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "8", capture="derived__h200x8__healthy.txt", monkeypatch=monkeypatch)
+    assert r["status"] == "ok" and r["findings"] == []
+    assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: all healthy"
+    assert [g["index"] for g in r["data"]["gpus"]] == list(range(8))
+    assert len(set(g["uuid"] for g in r["data"]["gpus"])) == 8
+
+
+def test_uncorrectable_ecc(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h200x8__ecc-uncorrectable.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "ecc-uncorrectable"), ("warn", "ecc-uncorrectable-history")]
+    f = [f for f in r["findings"] if f["code"] == "ecc-uncorrectable"][0]
+    assert f["message"].startswith("GPU 5: 2 uncorrectable ECC errors since the driver loaded")
+    assert r["status"] == "fail"
+    assert r["data"]["gpus"][5]["remapped_rows"]["uncorrectable"] == 1
+
+
+def test_pending_row_remap(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h100__remap-pending.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("warn", "remap-pending")]
+    assert "nvidia-smi -r" in r["findings"][0]["hint"]
+    assert r["status"] == "warn"
+
+
+def test_row_remap_failure(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h100__remap-failure.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "remap-failure")]
+    assert r["status"] == "fail"
+
+
+def test_hw_thermal_slowdown_under_load(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h200x8__hw-thermal-slowdown.txt", phase="load", monkeypatch=monkeypatch)
+    g2 = r["data"]["gpus"][2]
+    assert g2["clocks_event_reasons"] == {"active": "0x0000000000000048",
+                                          "names": ["hw_slowdown", "hw_thermal_slowdown"]}
+    hot = [f for f in r["findings"] if f["level"] != "info"]
+    assert [(f["level"], f["code"]) for f in hot] == [("fail", "clocks-hw-thermal")]  # not also hw-slowdown
+    assert hot[0]["message"] == "GPU 2: HW thermal slowdown active at 93 C, SM clock 810 of 1980 MHz"
+    assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: GPU 2: HW thermal slowdown; GPUs 0-7 busy"
+
+
+def test_busy_gpu(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "8", capture="derived__h200x8__busy-pid-4242.txt", monkeypatch=monkeypatch)
+    assert r["findings"] == [{"level": "info", "code": "gpu-busy",
+                              "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)"}]
+    assert r["status"] == "ok"
+    assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
+    assert r["data"]["processes"] == [{"gpu": 3, "pid": 4242, "name": "python", "used_memory_mib": 72704,
+                                       "gpu_uuid": "GPU-00000003-0000-0000-0000-000000000003"}]
+    strict = gpu_status("--expect-idle", capture="derived__h200x8__busy-pid-4242.txt", monkeypatch=monkeypatch)
+    assert codes(strict) == [("warn", "gpu-busy")] and strict["status"] == "warn"
+
+
+def test_memory_held_in_another_pid_namespace(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h200x8__pid-namespace.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("info", "gpu-memory-unattributed")] * 8
+    assert r["findings"][0]["message"] == ("GPU 0: 60 GiB in use and no process visible: memory held by "
+                                           "processes not visible in this PID namespace")
+    assert r["summary"].endswith("healthy; GPUs 0-7: memory held by processes not visible here")
+
+
+def test_persistence_off(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "1", capture="linux-x86_64__nvidia-l40s__595.80.txt", monkeypatch=monkeypatch)
+    f = r["findings"][0]
+    assert (f["level"], f["code"], f["message"]) == ("warn", "persistence-off", "GPU 0: persistence mode off")
+    assert "nvidia-smi -pm 1" in f["hint"] and "nvidia-persistenced" in f["hint"]
+
+
+def test_fewer_gpus_than_expected(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "8", capture=H200, monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "gpu-count-low")]
+    assert r["findings"][0]["message"] == "1 of 8 GPUs visible"
+    more = gpu_status("--expect-gpus", "4", capture="derived__h200x8__healthy.txt", monkeypatch=monkeypatch)
+    assert codes(more) == [("warn", "gpu-count-high")]
+
+
+def test_lost_gpu(smi_env, monkeypatch):
+    r = gpu_status("--expect-gpus", "8", capture="derived__h200x8__gpu-lost.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "gpu-count-low"), ("fail", "gpu-lost")]
+    assert r["summary"] == "7\u00d7 NVIDIA H200, driver 590.48.01: GPU 6 lost; 7 of 8 GPUs visible"
+    assert [g["index"] for g in r["data"]["gpus"]] == [0, 1, 2, 3, 4, 5, 7]
+    assert r["data"]["lost_gpus"][0]["index"] == 6
+    assert r["data"]["lost_gpus"][0]["pci_bus_id"] == "0000:BA:00.0"
+    # under load the other seven keep their processes, though nvidia-smi exits 15
+    busy = gpu_status(capture="derived__h200x8__gpu-lost.txt", phase="load", monkeypatch=monkeypatch)
+    assert sorted(set(p["gpu"] for p in busy["data"]["processes"])) == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_mig_change_pending(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h100-mig__mig-pending.txt", monkeypatch=monkeypatch)
+    assert codes(r) == [("warn", "mig-pending")]
+
+
+def test_retired_pages_pending(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__l40s__retired-pages-pending.txt", monkeypatch=monkeypatch)
+    assert ("warn", "retired-pages-pending") in codes(r)
+    assert r["data"]["gpus"][0]["retired_pages"] == {"sbe": 1, "dbe": 2, "pending": True}
+
+
+def test_old_driver_asks_only_for_fields_its_help_lists(smi_env, monkeypatch):
+    log = smi_env / "argv.log"
+    r = gpu_status(capture="derived__h100__driver-470.txt", log=log, monkeypatch=monkeypatch)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    query = [c for c in calls if c[0].startswith("--query-gpu=")]
+    assert len(query) == 1  # right the first time
+    fields = query[0][0][len("--query-gpu="):].split(",")
+    assert "compute_cap" not in fields and "clocks_throttle_reasons.active" in fields
+    assert "clocks_event_reasons.active" not in fields
+    g = r["data"]["gpus"][0]
+    assert g["compute_cap"] is None and g["clocks_event_reasons"]["names"] == ["gpu_idle"]
+    assert r["data"]["driver_version"] == "470.256.02" and r["data"]["cuda_version"] is None
+    assert r["status"] == "ok"
+
+
+def test_old_driver_without_help_learns_from_refusals(smi_env, monkeypatch):
+    r = gpu_status(capture="derived__h100__driver-470-no-help.txt", monkeypatch=monkeypatch)
+    smi = r["data"]["nvidia_smi"]
+    assert smi["fields_refused"] == ["memory.reserved", "compute_cap"]
+    assert smi["help_query_gpu"].startswith("unavailable: Invalid combination of input arguments")
+    g = r["data"]["gpus"][0]
+    assert (g["name"], g["memory_total_mib"], g["clocks_event_reasons"]["names"]) == (
+        "NVIDIA H100 80GB HBM3", 81559, ["gpu_idle"])
+    assert r["status"] == "ok"
+
+
+# --------------------------------------------------------------------------- nvidia-smi failures
+
+
+@pytest.mark.parametrize("code,meaning,said", [
+    (9, "the NVIDIA driver is not loaded", "NVIDIA-SMI has failed because it couldn't communicate"),
+    (12, "the NVML shared library couldn't be found or loaded", "NVIDIA-SMI couldn't find libnvidia-ml.so"),
+])
+def test_exit_codes(smi_env, monkeypatch, code, meaning, said):
+    r = gpu_status("--expect-gpus", "8", exit=code, monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "gpu-count-low"), ("fail", "nvidia-smi-failed")]
+    f = [f for f in r["findings"] if f["code"] == "nvidia-smi-failed"][0]
+    assert f["message"].startswith("nvidia-smi exited with %d (%s): %s" % (code, meaning, said))
+    assert f["hint"]
+    assert r["data"]["gpus"] == [] and r["data"]["processes"] is None
+    assert r["findings"][1]["message"] == "0 of 8 GPUs visible"
+
+
+def test_exit_15_gpu_lost(smi_env, monkeypatch):
+    r = gpu_status(exit=15, monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "gpu-lost")]
+    assert "GPU is lost" in r["findings"][0]["message"] and "Xid 79" in r["findings"][0]["hint"]
+
+
+def test_exit_14_infrom_keeps_the_data(smi_env, monkeypatch):
+    r = gpu_status(exit=14, monkeypatch=monkeypatch)
+    assert codes(r) == [("fail", "nvidia-smi-failed")]
+    assert "infoROM is corrupted" in r["findings"][0]["message"]
+    assert r["data"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_hang_is_a_timeout(smi_env, monkeypatch):
+    t0 = time.monotonic()
+    r = gpu_status("--timeout", "0.5", hang=60, monkeypatch=monkeypatch)
+    assert time.monotonic() - t0 < 4
+    assert codes(r) == [("fail", "nvidia-smi-timeout")]
+    assert r["findings"][0]["message"].startswith("nvidia-smi hung for 0.5 s")
+    assert r["summary"] == "nvidia-smi hung for 0.5 s"
+
+
+def test_no_nvidia_tools_at_all(smi_env, monkeypatch):
+    empty = smi_env / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(gs, "EXTRA_TOOL_DIRS", [])
+    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": (None, "libnvidia-ml.so.1: not found"))
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log"]))
+    assert r["findings"][0]["message"] == "no NVIDIA driver tools found (nvidia-smi, libnvidia-ml.so.1)"
+    assert codes(r) == [("warn", "no-nvidia-tools")] and r["status"] == "warn"
+    assert r["summary"] == "no NVIDIA driver tools found (nvidia-smi, libnvidia-ml.so.1)"
+    # where hosts.yaml says GPUs should be there, it is a failure
+    r8 = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--expect-gpus", "8"]))
+    assert codes(r8) == [("fail", "no-nvidia-tools")]
+
+
+@pytest.mark.parametrize("tool,code,message", [
+    ("amd-smi", "amd-unsupported", "AMD GPUs: not supported yet (found amd-smi)"),
+    ("rocm-smi", "amd-unsupported", "AMD GPUs: not supported yet (found rocm-smi)"),
+    ("hl-smi", "gaudi-unsupported", "Gaudi: not supported yet (found hl-smi)"),
+])
+def test_other_vendors(smi_env, monkeypatch, tool, code, message):
+    bindir = smi_env / "vendor"
+    bindir.mkdir()
+    (bindir / tool).write_text("#!/bin/sh\nexit 0\n")
+    (bindir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(gs, "EXTRA_TOOL_DIRS", [])
+    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": (None, "libnvidia-ml.so.1: not found"))
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--expect-gpus", "8"]))
+    assert [(f["level"], f["code"], f["message"]) for f in r["findings"]] == [("warn", code, message)]
+    assert "no GPU" not in r["summary"]
+
+
+def test_missing_explicit_nvidia_smi(smi_env, monkeypatch):
+    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": (None, "libnvidia-ml.so.1: not found"))
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--nvidia-smi", str(smi_env / "nope")]))
+    assert codes(r) == [("warn", "no-nvidia-tools")]
+    assert "nvidia-smi not found at" in r["findings"][0]["message"]
+
+
+def test_unstartable_nvidia_smi(smi_env, monkeypatch):
+    bad = smi_env / "nvidia-smi"
+    bad.write_text("not executable")
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--nvidia-smi", str(bad)]))
+    assert codes(r) == [("fail", "nvidia-smi-unusable")]
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+def test_nvml_fallback_decision(monkeypatch):
+    fake_pynvml = types.ModuleType("pynvml")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    assert gs.load_nvml("auto") == (fake_pynvml, "pynvml")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+
+    def no_lib(name):
+        raise OSError("%s: cannot open shared object file: No such file or directory" % name)
+
+    api, why = gs.load_nvml("auto", cdll_loader=no_lib)
+    assert api is None and "pynvml" in why and "libnvidia-ml.so.1" in why
+    api, how = gs.load_nvml("auto", cdll_loader=lambda name: FakeNvmlLib())
+    assert isinstance(api, gs.CtypesNvml) and how == "ctypes:libnvidia-ml.so.1"
+    assert gs.load_nvml("off")[0] is None
+
+
+def test_nvidia_smi_missing_uses_nvml(smi_env, monkeypatch):
+    """Through run(): no nvidia-smi anywhere -> the ctypes binding on a C-level fake of NVML."""
+    empty = smi_env / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(gs, "EXTRA_TOOL_DIRS", [])
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    lib = FakeNvmlLib()
+    real_load = gs.load_nvml
+    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": real_load(mode, cdll_loader=lambda name: lib))
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--expect-gpus", "2"]))
+    d = r["data"]
+    assert d["source"] == "nvml" and d["nvml"] == {"binding": "ctypes:libnvidia-ml.so.1"}
+    assert (d["driver_version"], d["cuda_version"]) == ("590.48.01", "13.1")
+    assert d["gpu_count"] == 2
+    g0, g1 = d["gpus"]
+    assert (g0["name"], g0["uuid"], g0["pci_bus_id"]) == ("NVIDIA H200", "GPU-aaaa", "00000000:18:00.0")
+    assert (g0["memory_total_mib"], g0["memory_used_mib"]) == (143771, 72704)
+    assert (g0["utilization_gpu_pct"], g0["utilization_memory_pct"], g0["temperature_c"]) == (97, 40, 61)
+    assert (g0["power_draw_w"], g0["power_limit_w"]) == (612.5, 700.0)
+    assert g0["persistence_mode"] is True and g0["compute_cap"] == "9.0"
+    assert g0["clocks_event_reasons"]["names"] == ["sw_power_cap"]  # through the old "Throttle" symbol
+    assert g0["mig_mode"] == {"current": False, "pending": False}
+    assert g0["ecc_errors"]["uncorrected_volatile"] == 0 and g0["ecc_mode"] is True
+    assert g0["remapped_rows"] == {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
+    assert g1["persistence_mode"] is False and g1["ecc_errors"]["uncorrected_volatile"] == 3
+    assert d["processes"] == [
+        {"gpu": 0, "pid": 4242, "name": "python", "used_memory_mib": 72704, "gpu_uuid": "GPU-aaaa"},
+        {"gpu": 0, "pid": 4243, "name": "python", "used_memory_mib": None, "gpu_uuid": "GPU-aaaa"}]
+    assert ("fail", "ecc-uncorrectable") in codes(r) and ("warn", "persistence-off") in codes(r)
+    assert ("info", "gpu-busy") in codes(r)
+    assert lib.calls["nvmlShutdown"] == 1
+
+
+def test_nvml_init_failure(smi_env, monkeypatch):
+    lib = FakeNvmlLib(init_rc=9)
+    data, findings = {}, []
+    gs.collect_nvml(gs.CtypesNvml(lib), "ctypes", data, findings)
+    assert [(f["level"], f["code"]) for f in findings] == [("fail", "nvml-failed")]
+    assert "Driver Not Loaded" in findings[0]["message"]
+
+
+def test_nvml_through_a_pynvml_like_module(smi_env, monkeypatch):
+    class NVMLError(Exception):
+        pass
+
+    def not_supported(*a):
+        raise NVMLError("Not Supported")
+
+    mem = types.SimpleNamespace(total=81559 * 2 ** 20, used=0, free=81559 * 2 ** 20)
+    api = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"535.104.05", nvmlSystemGetCudaDriverVersion_v2=lambda: 12020,
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: object(),
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3", nvmlDeviceGetUUID=lambda h: "GPU-1",
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=b"00000000:00:09.0"),
+        nvmlDeviceGetMemoryInfo=lambda h: mem, nvmlDeviceGetTemperature=lambda h, s: 41,
+        nvmlDeviceGetUtilizationRates=not_supported, nvmlDeviceGetPowerUsage=lambda h: 69850,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [])
+    data, findings = {}, []
+    gs.collect_nvml(api, "pynvml", data, findings)
+    g = data["gpus"][0]
+    assert (data["driver_version"], data["cuda_version"]) == ("535.104.05", "12.2")
+    assert (g["name"], g["pci_bus_id"], g["memory_total_mib"], g["power_draw_w"]) == (
+        "NVIDIA H100 80GB HBM3", "00000000:00:09.0", 81559, 69.85)
+    assert g["utilization_gpu_pct"] is None and g["compute_cap"] is None
+    assert findings == []
+
+
+# A C-level stand-in for libnvidia-ml.so.1: every symbol is a ctypes callback with nvml.h's
+# signature, so the binding's argument marshalling, buffers and structs are exercised for real.
+class _PciInfo(C.Structure):
+    _fields_ = [("busIdLegacy", C.c_char * 16), ("domain", C.c_uint), ("bus", C.c_uint), ("device", C.c_uint),
+                ("pciDeviceId", C.c_uint), ("pciSubSystemId", C.c_uint), ("busId", C.c_char * 32)]
+
+
+class _Memory(C.Structure):
+    _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+
+
+class _Util(C.Structure):
+    _fields_ = [("gpu", C.c_uint), ("memory", C.c_uint)]
+
+
+class _ProcInfo(C.Structure):
+    _fields_ = [("pid", C.c_uint), ("usedGpuMemory", C.c_ulonglong), ("gpuInstanceId", C.c_uint),
+                ("computeInstanceId", C.c_uint)]
+
+
+class FakeNvmlLib(object):
+    ERRORS = {3: b"Not Supported", 7: b"Insufficient Size", 9: b"Driver Not Loaded"}
+
+    def __init__(self, init_rc=0):
+        GIB = 2 ** 30
+        self.gpus = [
+            dict(name=b"NVIDIA H200", uuid=b"GPU-aaaa", bus=b"00000000:18:00.0", mem=(143771 * 2 ** 20, 71 * GIB),
+                 util=(97, 40), temp=61, power=612500, limit=700000, pm=1, reasons=0x4, unc_vol=0,
+                 procs=[(4242, 71 * GIB, b"python"), (4243, 0xFFFFFFFFFFFFFFFF, b"python")]),
+            dict(name=b"NVIDIA H200", uuid=b"GPU-bbbb", bus=b"00000000:2A:00.0", mem=(143771 * 2 ** 20, 0),
+                 util=(0, 0), temp=30, power=80000, limit=700000, pm=0, reasons=0x1, unc_vol=3, procs=[]),
+        ]
+        self.calls = {}
+        self._keep = []
+        self._strings = dict((rc, C.create_string_buffer(s)) for rc, s in self.ERRORS.items())
+        P = C.POINTER
+        f = self._def
+        f("nvmlInit_v2", [], lambda: init_rc)
+        f("nvmlShutdown", [], lambda: 0)
+        self._def("nvmlErrorString", [C.c_int], lambda rc: C.addressof(self._strings.get(rc, self._strings[3])),
+                  restype=C.c_void_p)
+        f("nvmlSystemGetDriverVersion", [P(C.c_char), C.c_uint], lambda buf, n: self._put(buf, n, b"590.48.01"))
+        f("nvmlSystemGetCudaDriverVersion_v2", [P(C.c_int)], lambda p: self._set(p, 13010))
+        f("nvmlDeviceGetCount_v2", [P(C.c_uint)], lambda p: self._set(p, len(self.gpus)))
+        f("nvmlDeviceGetHandleByIndex_v2", [C.c_uint, P(C.c_void_p)], lambda i, p: self._set(p, 0x1000 + i))
+        f("nvmlDeviceGetName", [C.c_void_p, P(C.c_char), C.c_uint], lambda h, b, n: self._put(b, n, self._g(h)["name"]))
+        f("nvmlDeviceGetUUID", [C.c_void_p, P(C.c_char), C.c_uint], lambda h, b, n: self._put(b, n, self._g(h)["uuid"]))
+        f("nvmlDeviceGetPciInfo_v3", [C.c_void_p, P(_PciInfo)], self._pci)
+        f("nvmlDeviceGetMemoryInfo", [C.c_void_p, P(_Memory)], self._mem)
+        f("nvmlDeviceGetUtilizationRates", [C.c_void_p, P(_Util)], self._util)
+        f("nvmlDeviceGetTemperature", [C.c_void_p, C.c_int, P(C.c_uint)],
+          lambda h, sensor, p: self._set(p, self._g(h)["temp"]) if sensor == 0 else 3)
+        f("nvmlDeviceGetPowerUsage", [C.c_void_p, P(C.c_uint)], lambda h, p: self._set(p, self._g(h)["power"]))
+        f("nvmlDeviceGetEnforcedPowerLimit", [C.c_void_p, P(C.c_uint)], lambda h, p: self._set(p, self._g(h)["limit"]))
+        f("nvmlDeviceGetPersistenceMode", [C.c_void_p, P(C.c_uint)], lambda h, p: self._set(p, self._g(h)["pm"]))
+        # an older library: only the "Throttle" name of the clock-event-reasons call
+        f("nvmlDeviceGetCurrentClocksThrottleReasons", [C.c_void_p, P(C.c_ulonglong)],
+          lambda h, p: self._set(p, self._g(h)["reasons"]))
+        f("nvmlDeviceGetCudaComputeCapability", [C.c_void_p, P(C.c_int), P(C.c_int)],
+          lambda h, a, b: self._set(a, 9) or self._set(b, 0))
+        f("nvmlDeviceGetMigMode", [C.c_void_p, P(C.c_uint), P(C.c_uint)], lambda h, a, b: self._set(a, 0) or self._set(b, 0))
+        f("nvmlDeviceGetEccMode", [C.c_void_p, P(C.c_uint), P(C.c_uint)], lambda h, a, b: self._set(a, 1) or self._set(b, 1))
+        f("nvmlDeviceGetTotalEccErrors", [C.c_void_p, C.c_int, C.c_int, P(C.c_ulonglong)], self._ecc)
+        f("nvmlDeviceGetRemappedRows", [C.c_void_p, P(C.c_uint), P(C.c_uint), P(C.c_uint), P(C.c_uint)],
+          lambda h, a, b, c, d: 3)  # NVML_ERROR_NOT_SUPPORTED
+        f("nvmlDeviceGetComputeRunningProcesses_v3", [C.c_void_p, P(C.c_uint), P(_ProcInfo)], self._procs)
+        f("nvmlSystemGetProcessName", [C.c_uint, P(C.c_char), C.c_uint], self._pname)
+
+    def _def(self, name, argtypes, impl, restype=C.c_int):
+        def counted(*args):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return impl(*args)
+        fn = C.CFUNCTYPE(restype, *argtypes)(counted)
+        self._keep.append(fn)
+        setattr(self, name, fn)
+
+    def _g(self, handle):
+        return self.gpus[handle - 0x1000]
+
+    @staticmethod
+    def _set(ptr, value):
+        ptr[0] = value
+        return 0
+
+    @staticmethod
+    def _put(buf, n, data):
+        if len(data) + 1 > n:
+            return 7
+        C.memmove(buf, data + b"\0", len(data) + 1)
+        return 0
+
+    def _pci(self, h, p):
+        p[0].busId = self._g(h)["bus"]
+        p[0].busIdLegacy = self._g(h)["bus"][4:]
+        return 0
+
+    def _mem(self, h, p):
+        total, used = self._g(h)["mem"]
+        p[0].total, p[0].used, p[0].free = total, used, total - used
+        return 0
+
+    def _util(self, h, p):
+        p[0].gpu, p[0].memory = self._g(h)["util"]
+        return 0
+
+    def _ecc(self, h, error_type, counter, p):
+        return self._set(p, self._g(h)["unc_vol"] if (error_type, counter) in ((1, 0), (1, 1)) else 0)
+
+    def _procs(self, h, count, infos):
+        procs = self._g(h)["procs"]
+        if not infos or count[0] < len(procs):
+            count[0] = len(procs)
+            return 7 if procs else 0
+        for i, (pid, used, _) in enumerate(procs):
+            infos[i].pid, infos[i].usedGpuMemory = pid, used
+        count[0] = len(procs)
+        return 0
+
+    def _pname(self, pid, buf, n):
+        for g in self.gpus:
+            for p, _, name in g["procs"]:
+                if p == pid:
+                    return self._put(buf, n, name)
+        return 3
+
+
+# --------------------------------------------------------------------------- kernel log
+
+
+def test_xids_from_a_kernel_log(smi_env, monkeypatch, tmp_path):
+    log = tmp_path / "dmesg.txt"
+    log.write_text(
+        "[ 100.1] NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics Exception: ESR 0x2cf\n"
+        "[ 200.2] something else\n"
+        "[ 300.3] NVRM: Xid (PCI:0000:ba:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        "[ 301.0] NVRM: Xid (PCI:0000:ba:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H100)
+    r = gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE), "--kernel-log-file", str(log)]))
+    assert codes(r) == [("fail", "xid-fatal"), ("warn", "xid")]
+    fatal = [f for f in r["findings"] if f["code"] == "xid-fatal"][0]
+    assert fatal["message"].startswith("Xid 79 (GPU has fallen off the bus) seen 2 times in the kernel log (0000:ba:00)")
+    xids = r["data"]["kernel_log"]["xids"]
+    assert [(x["xid"], x["count"], x["fatal"]) for x in xids] == [(13, 1, False), (79, 2, True)]
+    assert r["status"] == "fail"
+
+
+@pytest.mark.parametrize("xid", sorted(gs.FATAL_XIDS))
+def test_fatal_xids(xid):
+    (x,) = gs.scan_xids("NVRM: Xid (PCI:0000:01:00): %d, pid=1, something\n" % xid)
+    assert x["fatal"] and x["xid"] == xid
+
+
+def test_live_kernel_log_is_bounded():
+    t0 = time.monotonic()
+    source, text = gs.read_kernel_log(budget_s=2)
+    assert time.monotonic() - t0 < 4
+    assert source in ("/dev/kmsg", "dmesg", "journalctl", None)
+    gs.scan_xids(text)  # whatever this machine logged, it parses
+
+
+# --------------------------------------------------------------------------- the fake itself
+
+
+def test_fake_answers_like_nvidia_smi(smi_env):
+    r = fake("--query-gpu=gpu_name,memory.total,clocks_throttle_reasons.active,power.draw", "--format=csv")
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout == ("name, memory.total [MiB], clocks_event_reasons.active, power.draw [W]\n"
+                        "NVIDIA H100 80GB HBM3, 81559 MiB, 0x0000000000000001, 69.85 W\n")
+    r = fake("--query-gpu=name,memory.total,power.draw", "--format=csv,noheader,nounits")
+    assert r.stdout == "NVIDIA H100 80GB HBM3, 81559, 69.85\n"
+    r = fake("--query-gpu=name,memory.total", "--format=csv,nounits")
+    assert r.stdout.splitlines()[0] == "name, memory.total"
+    r = fake("--query-gpu=name,not.a.field", "--format=csv")
+    assert (r.returncode, r.stdout) == (2, 'Field "not.a.field" is not a valid field to query.\n\n')
+    r = fake("--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert (r.returncode, r.stdout) == (0, "")  # no processes: nothing at all
+    r = fake("--query-compute-apps=pid,used_memory", "--format=csv")
+    assert r.stdout == "pid, used_gpu_memory [MiB]\n"
+    r = fake("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader",
+             env={"MLDIAG_FAKE_NVIDIA_SMI_PHASE": "load"})
+    assert r.stdout.splitlines()[-1] == "11345, ./gpu_burn, 15690 MiB"
+    r = fake("--help-query-gpu")
+    assert r.stdout.startswith('List of valid properties to query for the switch "--query-gpu":\n\n"timestamp"\n')
+    r = fake("--version")
+    assert r.stdout.splitlines()[-1] == "CUDA Version        : 13.1"
+    r = fake("-x")
+    assert r.returncode == 2 and "Invalid combination of input arguments" in r.stdout
+    r = fake("-i", "3", "--query-gpu=index", "--format=csv,noheader")
+    assert (r.returncode, r.stdout) == (6, "No devices were found\n")
+
+
+def test_fake_without_env_uses_the_h100_capture(smi_env):
+    r = fake("-L")
+    assert r.stdout == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+
+
+def test_fake_faults(smi_env):
+    r = fake("--query-gpu=name", "--format=csv", env={"MLDIAG_FAKE_NVIDIA_SMI_EXIT": "9"})
+    assert r.returncode == 9
+    assert r.stdout == ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                        "Make sure that the latest NVIDIA driver is installed and running.\n")
+    r = fake("--help-query-gpu", env={"MLDIAG_FAKE_NVIDIA_SMI_EXIT": "9"})  # help needs no driver
+    assert r.returncode == 0
+    r = fake("-L", env={"MLDIAG_FAKE_NVIDIA_SMI": "derived__h200x8__gpu-lost"})
+    assert r.returncode == 15
+    assert r.stdout.splitlines()[6] == ("Unable to determine the device handle for GPU6: 0000:BA:00.0: "
+                                        "GPU is lost.  Reboot the system to recover this GPU")
+
+
+def test_every_capture_parses():
+    """The fake reads every capture (in-process: it is a module too): all rows have all columns."""
+    loader = importlib.machinery.SourceFileLoader("mldiag_test_fake_nvidia_smi", str(FAKE))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    fake_mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(fake_mod)
+    for path in sorted(CAPTURES.glob("*.txt")):
+        cap = fake_mod.Capture(str(path))
+        for phase in ("idle", "load"):
+            gpus, apps = cap.gpus[phase], cap.apps[phase]
+            assert gpus.rows, path.name
+            assert all(len(r) == len(gpus.header) for r in gpus.rows), path.name
+            assert all(len(r) == len(apps.header) for r in apps.rows), path.name
+            assert set(gpus.names()) <= set(cap.help_gpu.aliases()), path.name
+
+
+# --------------------------------------------------------------------------- the script as a program
+
+
+def test_main_prints_json_and_exits_by_status(smi_env):
+    env = dict(os.environ, MLDIAG_FAKE_NVIDIA_SMI="derived__h200x8__ecc-uncorrectable.txt")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", str(FAKE), "--no-kernel-log"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "fail" and doc["data"]["gpu_count"] == 8
+    assert not any(k.startswith("_") for f in doc["findings"] for k in f)
+
+
+def test_help_works_standalone():
+    p = subprocess.run([sys.executable, "-I", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30,
+                       cwd="/")
+    assert p.returncode == 0
+    for opt in ("--expect-gpus", "--nvidia-smi", "--timeout", "--nvml", "--expect-idle", "--no-kernel-log"):
+        assert opt in p.stdout
+
+
+@pytest.mark.parametrize("path", [SCRIPT, FAKE], ids=["gpu_status.py", "fake-nvidia-smi"])
+def test_python38_syntax_and_stdlib_only(path):
+    src = path.read_text(encoding="utf-8")
+    tree = ast.parse(src, feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    allowed = {"__future__", "argparse", "errno", "json", "os", "re", "shutil", "signal", "subprocess", "sys",
+               "time", "ctypes", "pynvml"}
+    assert imported <= allowed, imported - allowed
+    assert "diagnostics" not in imported
+    for newer in ("removeprefix", "removesuffix", "functools.cache", "zoneinfo", "graphlib"):
+        assert newer not in src
+
+
+def _python38():
+    exe = shutil.which("python3.8")
+    if exe and subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
+                              capture_output=True, timeout=30).returncode == 0:
+        return exe
+    return None
+
+
+def test_runs_on_python38(smi_env, tmp_path):
+    """The script and the fake on a real 3.8, where this machine has one (CI's Debian does not)."""
+    py38 = _python38()
+    if not py38:
+        pytest.skip("no working python3.8 here")
+    env = dict(os.environ, MLDIAG_FAKE_NVIDIA_SMI="derived__h200x8__busy-pid-4242.txt")
+    (tmp_path / "bin" / "python3").write_text('#!/bin/sh\nexec "%s" "$@"\n' % py38)  # the fake on 3.8 too
+    env["PATH"] = "%s%s%s" % (tmp_path / "bin", os.pathsep, env["PATH"])
+    p = subprocess.run([py38, str(SCRIPT), "--nvidia-smi", str(FAKE), "--no-kernel-log"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
