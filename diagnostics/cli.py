@@ -21,6 +21,10 @@ from .topology import Target
 JobSource = Union[Job, Callable[[Target], Job]]
 
 
+class TargetInputError(InputError):
+    """Bad input found while building one target's job (e.g. no model for check-attn)."""
+
+
 @dataclass
 class Options:
     """The common flags (DESIGN.md §1), as given on the command line (numbers still strings)."""
@@ -110,13 +114,17 @@ def save_results(directory: str, results: Sequence[Result]) -> None:
                    "targets": {r.target: r.status for r in results}}, f, indent=2)
 
 
-def execute(opts: Options, job: JobSource, *, out: TextIO = None) -> List[Result]:
+def execute(opts: Options, job: JobSource, *, out: TextIO = None,
+            after_table: Optional[Callable[[List[Result], TextIO], None]] = None) -> List[Result]:
     """Run ``job`` on the selected targets and print; raises ``Exit`` with the exit code."""
     out = out or sys.stdout
     try:
         timeout = parse_positive_number("--timeout", opts.timeout)
         parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
         targets = select_targets(opts)
+        if callable(job):
+            for target in targets:   # every target's job is checked before anything runs
+                job(target)
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
 
@@ -141,11 +149,40 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None) -> List[Result
         render.render_json(results, out)
     else:
         render.render_table(results, out)
+        if after_table:
+            after_table(results, out)
     out.flush()
     code = exit_code(results)
     if code:
         raise Exit(code=code)
     return results
+
+
+def internal_error(exc: BaseException) -> str:
+    """One line for the terminal; the traceback goes to a private file named in it."""
+    import tempfile
+    import traceback
+    fd, path = tempfile.mkstemp(prefix="mldiag-internal-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return (f"mldiag: internal error (a bug of ours, please report it): {type(exc).__name__}: {exc}\n"
+            f"mldiag: full traceback in {path}")
+
+
+def render_env(results: Sequence[Result], out: TextIO, *, full: bool) -> None:
+    """env-report's view: with several targets only what differs (drift), else every field."""
+    from .drift import drift, flatten, format_drift
+    ran = [r for r in results if r.status != "error"]
+    if len(ran) > 1 and not full:
+        rows = drift([(r.target, r.data) for r in ran])
+        out.write("\ndrift across %d targets:\n" % len(ran))
+        for line in format_drift(rows) or ["(none: every field agrees)"]:
+            out.write(f"  {line}\n")
+        return
+    for r in ran:
+        out.write(f"\n{r.target}:\n")
+        for key, value in flatten(r.data).items():
+            out.write(f"  {key}: {value}\n")
 
 
 def show_hosts(opts: Options, *, out: TextIO = None) -> None:

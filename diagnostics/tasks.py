@@ -21,6 +21,21 @@ class MldiagTask(Task):
         kwargs["iterable"] = list(kwargs["iterable"]) + ["host", "group"]
         super().__init__(*args, **kwargs)
 
+    def __call__(self, *args, **kwargs):
+        """Never a raw traceback on the terminal: our own bugs are named, their traceback saved."""
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exit:
+            raise
+        except KeyboardInterrupt:
+            raise Exit("mldiag: interrupted", code=130)
+        except BrokenPipeError:  # `mldiag ... | head`: the reader left; that is not an error
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            raise Exit(code=0)
+        except Exception as exc:
+            raise Exit(cli.internal_error(exc), code=3)
+
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
@@ -76,6 +91,82 @@ def gpu_status(c, host=None, group=None, hosts_file=None, json=False, save=None,
     cli.execute(opts, job)
 
 
+def _model_argv(target: Target, model):
+    """``--model`` may name an entry of the target's ``models:``; default: its first entry."""
+    models = dict(target.models)
+    path = models.get(model, model) if model else target.default_model
+    if not path:
+        raise cli.TargetInputError(f"{target.name}: no --model given and the target has no models: "
+                                   "entry in hosts.yaml")
+    return ["--model", path]
+
+
+@task(klass=MldiagTask, help=_help(
+    model="model directory on the target, or a name from the target's models: (default: its first)",
+    **{"attn-implementation": "request this implementation (eager, sdpa, flash_attention_2, ...)",
+       "model-class": "build this transformers class instead of the checkpoint's architectures"}))
+def check_attn(c, model=None, attn_implementation=None, model_class=None, host=None, group=None,
+               hosts_file=None, json=False, save=None, parallel=None, timeout=None,
+               keep_remote=False):
+    """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+
+    def job(target: Target):
+        argv = _model_argv(target, model)
+        if attn_implementation:
+            argv += ["--attn-implementation", attn_implementation]
+        if model_class:
+            argv += ["--model-class", model_class]
+        return bundle.script_job("check-attn", argv)
+
+    cli.execute(opts, job)
+
+
+@task(klass=MldiagTask, help=_help(
+    full="show every field on every target (default with several targets: only what differs)",
+    imports="packages to import as well: comma list, 'all' or 'none'",
+    packages="extra distribution names to report, comma separated"))
+def env_report(c, full=False, imports=None, packages=None, host=None, group=None, hosts_file=None,
+               json=False, save=None, parallel=None, timeout=None, keep_remote=False):
+    """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    argv = (["--imports", imports] if imports else []) + (["--packages", packages] if packages else [])
+    cli.execute(opts, bundle.script_job("env-report", argv),
+                after_table=lambda results, out: cli.render_env(results, out, full=full))
+
+
+@task(klass=MldiagTask, help=_help(
+    model="model directory on the target, or a name from the target's models: (default: its first)",
+    layers="hidden_states ids to capture, e.g. 2,16,29 (default: 2, N//2, N-3 and N)",
+    samples="number of built-in prompts (or lines of --data) to prefill (default 3)",
+    data="JSONL file on the target with a 'text' or 'prompt' field per line",
+    backend="auto | transformers | vllm (vllm: untested on a real GPU so far)",
+    **{"max-tokens": "truncate each sample to at most N tokens (default 64)"},
+    device="auto | cpu | cuda", dtype="auto | float32 | bfloat16 | float16"))
+def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=None,
+                  max_tokens=None, device=None, dtype=None, host=None, group=None, hosts_file=None,
+                  json=False, save=None, parallel=None, timeout=None, keep_remote=False):
+    """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    flags = {"--layers": layers, "--samples": samples, "--data": data, "--backend": backend,
+             "--max-tokens": max_tokens, "--device": device, "--dtype": dtype}
+    extra = [x for flag, value in flags.items() if value is not None for x in (flag, str(value))]
+
+    def job(target: Target):
+        return bundle.script_job("extract-smoke", _model_argv(target, model) + extra)
+
+    cli.execute(opts, job)
+
+
+@task(klass=MldiagTask, help=_help(path="log file on the target", lines="scan the last N lines (default 2000)"))
+def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=False, save=None,
+             parallel=None, timeout=None, keep_remote=False):
+    """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    argv = ["--path", path] + (["--lines", str(lines)] if lines is not None else [])
+    cli.execute(opts, bundle.script_job("scan-log", argv))
+
+
 @task(klass=MldiagTask, iterable=["arg", "put"], help=_help(
     path="local script to upload and run as __main__",
     arg="one argument for the script, byte for byte (repeatable; --arg=VALUE for values starting with -)",
@@ -98,5 +189,5 @@ def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=Non
     cli.execute(opts, cli.script_file_job(path, argv, put or []))
 
 
-ns = Collection(hosts, ping, gpu_status, run_script)
+ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, run_script)
 ns.configure({"run": {"echo": False}})

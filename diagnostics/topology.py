@@ -8,6 +8,8 @@ CONTRACT (other modules rely on these types):
         explicit path that does not exist / is a directory → InputError (exit 4).
     loads(text: str, path: str = "hosts.yaml") -> Topology     (same, from a string)
     Topology.select(hosts: Sequence[str], groups: Sequence[str]) -> List[Target]
+    expand_selector("gpu[01-04],b200") -> names;  expand_nodeset(text) -> names;
+    fold_names(names) -> "b200,gpu[01-04]"    (ClusterShell node sets, ValueError when malformed)
 
 Every validation error is an ``errors.InputError`` whose message reads
 ``FILE:LINE: dotted.key: what was expected``.
@@ -139,11 +141,11 @@ class Topology:
         if not hosts and not groups:
             names = list(self.default_targets)
         else:
-            names = [n for value in hosts for n in self._host_names(value)]
-            names += [n for group in groups for n in self._group_names(group)]
+            names = [n for value in hosts for n in self._named_targets(value)]
+            names += [n for group in groups for n in self._group_members(group)]
         return [self.targets[name] for name in _unique(names)]
 
-    def _host_names(self, value: str) -> List[str]:
+    def _named_targets(self, value: str) -> List[str]:
         try:
             names = expand_selector(value)
         except ValueError as exc:
@@ -153,7 +155,7 @@ class Topology:
                 raise InputError(f"unknown target {name!r}{_hint(name, self.targets)}")
         return names
 
-    def _group_names(self, group: str) -> Tuple[str, ...]:
+    def _group_members(self, group: str) -> Tuple[str, ...]:
         if group not in self.groups:
             if not self.groups:
                 raise InputError(f"unknown group {group!r} (no groups are defined"
@@ -163,9 +165,9 @@ class Topology:
 
 
 def load(path: Optional[str] = None) -> Topology:
-    if path is None:
-        path = os.environ.get(HOSTS_FILE_ENV) or None
-        if path is None:
+    if not path:
+        path = os.environ.get(HOSTS_FILE_ENV)
+        if not path:
             if not os.path.lexists(DEFAULT_HOSTS_FILE):
                 return Topology(path=None, targets={"local": LOCAL_TARGET})
             path = DEFAULT_HOSTS_FILE
@@ -339,6 +341,24 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
             if isinstance(value_node, ScalarNode):
                 mapping.written[key] = value_node.value
 
+    def flatten_mapping(self, node):
+        """Resolve ``<<`` merge keys into ``node.value``: own keys win, then the earlier of
+        the merged mappings (YAML merge spec; PyYAML versions disagree on the order)."""
+        sources, own = [], []
+        for key_node, value_node in node.value:
+            if key_node.tag != _YAML + "merge":
+                own.append((key_node, value_node))
+                continue
+            for source in (value_node.value if isinstance(value_node, SequenceNode)
+                           else [value_node]):
+                if not isinstance(source, MappingNode):
+                    raise ConstructorError("while constructing a mapping", node.start_mark,
+                                           "expected a mapping or list of mappings for merging, "
+                                           f"but found {source.id}", source.start_mark)
+                self.flatten_mapping(source)
+                sources.append(source.value)
+        node.value = [pair for pairs in reversed(sources) for pair in pairs] + own
+
     def construct_line_sequence(self, node):
         sequence = _Sequence()
         sequence.line = node.start_mark.line + 1
@@ -354,6 +374,7 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
 
 _Loader.add_constructor(_YAML + "map", _Loader.construct_line_mapping)
 _Loader.add_constructor(_YAML + "seq", _Loader.construct_line_sequence)
+_Loader.add_constructor(_YAML + "value", _Loader.construct_yaml_str)   # a bare `=` is text
 _Loader.add_constructor(None, _Loader.construct_unknown_tag)
 
 
@@ -362,8 +383,9 @@ def _read_text(path: str) -> str:
         with open(path, "rb") as stream:
             data = stream.read()
     except FileNotFoundError:
-        named_by = f" (named by ${HOSTS_FILE_ENV})" if os.environ.get(HOSTS_FILE_ENV) == path else ""
-        raise InputError(f"hosts file not found{named_by}", file=path) from None
+        named_by = os.environ.get(HOSTS_FILE_ENV) == path
+        raise InputError("hosts file not found" + (f" (named by ${HOSTS_FILE_ENV})" if named_by
+                                                    else ""), file=path) from None
     except IsADirectoryError:
         raise InputError("is a directory, expected a hosts.yaml file", file=path) from None
     except OSError as exc:
@@ -485,7 +507,7 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     text = repr(value)
-    return text if len(text) <= 80 else text[:76] + "...'"
+    return text if len(text) <= 80 else text[:76] + "..."
 
 
 def _is_number(value: Any) -> bool:
@@ -936,26 +958,26 @@ def _register(names: Dict[str, _At], name: str, at: _At) -> None:
 
 
 def _resolve_groups(value: Any, at: _At, targets: Dict[str, Target]) -> Dict[str, Tuple[str, ...]]:
-    raw: Dict[str, Tuple[List[Tuple[Any, _At]], _At]] = {}
+    members_of: Dict[str, List[Tuple[Any, _At]]] = {}
     for name, members, where in _entries(_mapping(value, at), at):
         _name(name, where)
         if name in targets:
             raise where.error(f"group name {name!r} is also a target name")
-        raw[name] = (_members(members, where), where)
+        members_of[name] = _members(members, where)
     resolved: Dict[str, Tuple[str, ...]] = {}
 
-    def expand_group(name: str, visiting: List[str]) -> Tuple[str, ...]:
-        if name not in resolved:
+    def expand_group(group: str, visiting: Tuple[str, ...]) -> Tuple[str, ...]:
+        if group not in resolved:
+            inside = visiting + (group,)
             names: List[str] = []
-            for member, where in raw[name][0]:
-                names += _expand_member(member, where, targets, raw,
-                                        lambda group: expand_group(group, visiting + [name]),
-                                        visiting + [name])
-            resolved[name] = tuple(_unique(names))
-        return resolved[name]
+            for member, where in members_of[group]:
+                names += _expand_member(member, where, targets, members_of,
+                                        lambda inner: expand_group(inner, inside), inside)
+            resolved[group] = tuple(_unique(names))
+        return resolved[group]
 
-    for name in raw:
-        expand_group(name, [])
+    for group in members_of:
+        expand_group(group, ())
     return resolved
 
 
@@ -974,6 +996,7 @@ def _members(value: Any, at: _At) -> List[Tuple[Any, _At]]:
 def _expand_member(member: Any, at: _At, targets: Dict[str, Target], groups: Dict[str, Any],
                    expand_group: Callable[[str], Tuple[str, ...]],
                    visiting: Sequence[str]) -> List[str]:
+    """A group member or defaults.targets entry: names, node sets and groups → target names."""
     text = _string(member, at, "a target or group name")
     try:
         names = expand_selector(text)

@@ -37,13 +37,64 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+# Base-system libraries torch's wheel links (libstdc++6, libgcc-s1 and glibc's compat stubs):
+# every real Debian CT has them, the lab's minimal rootfs (tests/lab/rootfs.py) does not.
+ML_LIBS = ("libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+
+
+def _ml_binds() -> list:
+    """extra_binds for the lab's containers (read-only, same path inside): tests/fixtures (the
+    fake nvidia-smi's captures; the Lab's default), and for test_diagnostics_remote.py
+    <lab root>/ml/lib-KEY (copies of ML_LIBS, for LD_LIBRARY_PATH), <lab root>/ml/models (tiny
+    models saved by the tests after the CT started) and the site-packages holding torch and
+    transformers (for PYTHONPATH). Found there through `lab.extra_binds`."""
+    import glob
+    import hashlib
+    import importlib.util
+    import shutil
+    import tempfile
+
+    binds = [REPO / "tests" / "fixtures"]
+    ml = Path(f"/tmp/mldiag-lab-{os.getuid()}") / "ml"   # Lab.start's default root
+    (ml / "models").mkdir(parents=True, exist_ok=True)
+    for d in (ml.parent, ml, ml / "models"):
+        os.chmod(d, 0o755)
+    binds.append(ml / "models")
+    libs = [next(iter(sorted(glob.glob(f"/usr/lib/*-linux-gnu/{n}") + glob.glob(f"/usr/lib64/{n}"))), None)
+            for n in ML_LIBS]
+    if all(libs):
+        key = hashlib.sha256(repr([(lib, os.stat(lib).st_size, os.stat(lib).st_mtime_ns)
+                                   for lib in libs]).encode()).hexdigest()[:12]
+        lib_dir = ml / f"lib-{key}"
+        if not lib_dir.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix=".lib-", dir=ml))
+            for name, lib in zip(ML_LIBS, libs):
+                shutil.copy2(os.path.realpath(lib), tmp / name)
+            os.chmod(tmp, 0o755)
+            try:
+                os.rename(tmp, lib_dir)
+            except OSError:  # another session made it meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+        binds.append(lib_dir)
+    # the lab copies every bind when the checkout is not world-traversable: never 1 GB of torch
+    fakes = REPO / "tests" / "fakes"
+    if all(os.stat(d).st_mode & 0o001 for d in [fakes, *fakes.parents]):
+        for name in ("torch", "transformers"):
+            spec = importlib.util.find_spec(name)
+            if spec and spec.origin:
+                site = Path(spec.origin).resolve().parents[1]
+                if site not in binds:
+                    binds.append(site)
+    return binds
+
+
 @pytest.fixture(scope="session")
 def lab():
     """The running lab: `lab.ssh_config`, `lab.main`, `lab.inner`, `lab.lxc_path`, ...
     (the attributes are listed in the docstring of tests.lab.Lab)."""
     try:
         # strict under CI: any missing part (package, LXC, podman, netns) stops the lab
-        the_lab = Lab.start(strict=IN_CI)
+        the_lab = Lab.start(strict=IN_CI, extra_binds=_ml_binds())
     except LabUnavailable as e:
         lab_unavailable(str(e))
     the_lab.on_unavailable = lab_unavailable
