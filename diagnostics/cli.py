@@ -36,6 +36,7 @@ class Options:
     parallel: Optional[str] = None
     timeout: Optional[str] = None
     keep_remote: bool = False
+    diff: bool = False
 
 
 def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = False) -> Optional[float]:
@@ -103,12 +104,18 @@ def script_file_job(path: str, argv: Sequence[str], puts: Sequence[str]) -> Job:
                argv=tuple(argv), mode="script", extra_files=extra)
 
 
-def save_results(directory: str, results: Sequence[Result]) -> None:
+def save_result(directory: str, result: Result) -> None:
+    """One target's document, written as soon as it arrives (an interrupted run keeps it)."""
     os.makedirs(directory, exist_ok=True)
-    for r in results:
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", r.target) or "target"
-        with open(os.path.join(directory, f"{name}.json"), "w") as f:
-            json.dump(r.to_dict(), f, indent=2)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", result.target) or "target"
+    path = os.path.join(directory, f"{name}.json")
+    with open(path + ".part", "w") as f:
+        json.dump(result.to_dict(), f, indent=2)
+    os.replace(path + ".part", path)
+
+
+def save_summary(directory: str, results: Sequence[Result]) -> None:
+    os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "summary.json"), "w") as f:
         json.dump({"summary": render.summary_line(results), "exit_code": exit_code(results),
                    "targets": {r.target: r.status for r in results}}, f, indent=2)
@@ -137,19 +144,31 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             changes["keep_remote"] = True
         return replace(j, **changes) if changes else j
 
+    progress = Progress(len(targets), sys.stderr)
+
+    def arrived(result: Result) -> None:
+        if opts.save:
+            save_result(opts.save, result)
+        progress.add(result)
+
     try:
-        results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL)
+        results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
+                                  on_result=arrived)
     except KeyboardInterrupt:
         raise Exit("mldiag: interrupted", code=EXIT_INTERRUPTED)
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    finally:
+        progress.done()
     if opts.save:
-        save_results(opts.save, results)
+        save_summary(opts.save, results)
     if opts.json:
         render.render_json(results, out)
     else:
         render.render_table(results, out)
-        if after_table:
+        if opts.diff:
+            render_diff(results, out)
+        elif after_table:
             after_table(results, out)
     out.flush()
     code = exit_code(results)
@@ -169,16 +188,44 @@ def internal_error(exc: BaseException) -> str:
             f"mldiag: full traceback in {path}")
 
 
-def render_env(results: Sequence[Result], out: TextIO, *, full: bool) -> None:
-    """env-report's view: with several targets only what differs (drift), else every field."""
-    from .drift import drift, flatten, format_drift
+class Progress:
+    """``[12/64] 2 failed`` on stderr while targets run — only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO):
+        self.total, self.stream = total, stream
+        self.count = self.bad = 0
+        self.live = total > 1 and stream.isatty()
+
+    def add(self, result: Result) -> None:
+        self.count += 1
+        self.bad += result.status in ("fail", "error")
+        if self.live:
+            self.stream.write(f"\r[{self.count}/{self.total}] {self.bad} failed so far ")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.live and self.count:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def render_diff(results: Sequence[Result], out: TextIO) -> None:
+    """Only the data fields that differ from the majority (targets that answered)."""
+    from .drift import drift, format_drift
     ran = [r for r in results if r.status != "error"]
-    if len(ran) > 1 and not full:
-        rows = drift([(r.target, r.data) for r in ran])
-        out.write("\ndrift across %d targets:\n" % len(ran))
-        for line in format_drift(rows) or ["(none: every field agrees)"]:
-            out.write(f"  {line}\n")
+    if len(ran) < 2:
+        render_full(results, out)
         return
+    rows = drift([(r.target, r.data) for r in ran])
+    out.write("\ndrift across %d targets:\n" % len(ran))
+    for line in format_drift(rows) or ["(none: every field agrees)"]:
+        out.write(f"  {line}\n")
+
+
+def render_full(results: Sequence[Result], out: TextIO) -> None:
+    """Every data field of every target that answered, one ``key: value`` a line."""
+    from .drift import flatten
+    ran = [r for r in results if r.status != "error"]
     for r in ran:
         out.write(f"\n{r.target}:\n")
         for key, value in flatten(r.data).items():

@@ -19,6 +19,7 @@ key and against the whole dotted key):
 * host identity: ``hostname``, ``fqdn``, ``machine_id``, ``boot_id``, ``uuid``,
   ``*_uuid``, ``serial``, ``*_serial``
 * process ids: ``pid``, ``*_pid``, ``ppid``, ``pids``
+* mldiag's per-run private temp dir: ``tmpdir``, ``remote_tmpdir``
 * timestamps: ``timestamp``, ``*_timestamp``, ``time``, ``*_time``, ``*_at``, ``date``
 * durations: ``duration*``, ``*_duration*``, ``elapsed*``, ``*_elapsed*``, ``uptime*``
 
@@ -44,6 +45,8 @@ IGNORE_PATTERNS: Tuple[str, ...] = (
     "hostname", "fqdn", "machine_id", "boot_id", "uuid", "*_uuid", "serial", "*_serial",
     # process ids
     "pid", "*_pid", "ppid", "pids",
+    # mldiag's own per-run private temp dir
+    "tmpdir", "remote_tmpdir",
     # timestamps
     "timestamp", "*_timestamp", "time", "*_time", "*_at", "date",
     # durations

@@ -9,7 +9,7 @@ import json
 import re
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, List, Optional, Sequence, Union
 
 from . import bundle
@@ -88,29 +88,30 @@ def run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
 
 
 def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target], bundle.Job]], *,
-             parallel: int = DEFAULT_PARALLEL,
-             pool: Optional[SshPool] = None,
+             parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
              on_result: Optional[Callable[[Result], None]] = None) -> List[Result]:
-    """Run ``job`` (or ``job(target)``) on every target, at most ``parallel`` at a time;
-    results in target order."""
+    """Run ``job`` (or ``job(target)``) on every target, at most ``parallel`` at a time.
+
+    ``on_result`` sees each result as it arrives (for --save and progress); the returned list
+    is in target order. One slow or dead target delays no other target's report."""
     job_for = job if callable(job) else (lambda target: job)
     own_pool = pool is None
     pool = pool or SshPool()
+    results: List[Optional[Result]] = [None] * len(targets)
     try:
         if len(targets) == 1:
-            results = [run_one(targets[0], job_for(targets[0]), pool)]
+            results[0] = run_one(targets[0], job_for(targets[0]), pool)
             if on_result:
                 on_result(results[0])
             return results
         ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets))))
         try:
-            futures = [ex.submit(run_one, t, job_for(t), pool) for t in targets]
-            results = []
-            for fut in futures:
+            futures = {ex.submit(run_one, t, job_for(t), pool): i for i, t in enumerate(targets)}
+            for fut in as_completed(futures):
                 result = fut.result()
+                results[futures[fut]] = result
                 if on_result:
                     on_result(result)
-                results.append(result)
             return results
         finally:
             # On Ctrl-C: drop queued targets; closing the pool below ends the running ones

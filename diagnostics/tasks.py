@@ -52,6 +52,7 @@ COMMON_HELP = {
     "parallel": f"targets run at once (default {32})",
     "timeout": "seconds the diagnostic may run on the target (default: hosts.yaml's, 300)",
     "keep-remote": "keep the remote temp dir for debugging (its path is in the result's data)",
+    "diff": "after the table, show only the data fields that differ from the majority of targets",
 }
 
 
@@ -59,9 +60,9 @@ def _help(**extra):
     return {**COMMON_HELP, **extra}
 
 
-def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote):
+def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff):
     return cli.Options(host=host, group=group, hosts_file=hosts_file, json=json, save=save,
-                       parallel=parallel, timeout=timeout, keep_remote=keep_remote)
+                       parallel=parallel, timeout=timeout, keep_remote=keep_remote, diff=diff)
 
 
 @task(klass=MldiagTask, help={k: COMMON_HELP[k] for k in ("host", "group", "hosts-file", "json")})
@@ -72,17 +73,17 @@ def hosts(c, host=None, group=None, hosts_file=None, json=False):
 
 @task(klass=MldiagTask, help=_help())
 def ping(c, host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-         timeout=None, keep_remote=False):
+         timeout=None, keep_remote=False, diff=False):
     """Check every layer: ssh, jump, sudo, container, interpreter, private temp dir."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     cli.execute(opts, bundle.script_job("ping"))
 
 
 @task(klass=MldiagTask, help=_help())
 def gpu_status(c, host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-               timeout=None, keep_remote=False):
+               timeout=None, keep_remote=False, diff=False):
     """Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, throttling."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
 
     def job(target: Target):
         argv = ["--expect-gpus", str(target.gpus)] if target.gpus is not None else []
@@ -107,9 +108,9 @@ def _model_argv(target: Target, model):
        "model-class": "build this transformers class instead of the checkpoint's architectures"}))
 def check_attn(c, model=None, attn_implementation=None, model_class=None, host=None, group=None,
                hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False):
+               keep_remote=False, diff=False):
     """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
 
     def job(target: Target):
         argv = _model_argv(target, model)
@@ -127,12 +128,13 @@ def check_attn(c, model=None, attn_implementation=None, model_class=None, host=N
     imports="packages to import as well: comma list, 'all' or 'none'",
     packages="extra distribution names to report, comma separated"))
 def env_report(c, full=False, imports=None, packages=None, host=None, group=None, hosts_file=None,
-               json=False, save=None, parallel=None, timeout=None, keep_remote=False):
+               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     argv = (["--imports", imports] if imports else []) + (["--packages", packages] if packages else [])
+    opts.diff = opts.diff or not full
     cli.execute(opts, bundle.script_job("env-report", argv),
-                after_table=lambda results, out: cli.render_env(results, out, full=full))
+                after_table=None if opts.diff else cli.render_full)
 
 
 @task(klass=MldiagTask, help=_help(
@@ -145,9 +147,9 @@ def env_report(c, full=False, imports=None, packages=None, host=None, group=None
     device="auto | cpu | cuda", dtype="auto | float32 | bfloat16 | float16"))
 def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=None,
                   max_tokens=None, device=None, dtype=None, host=None, group=None, hosts_file=None,
-                  json=False, save=None, parallel=None, timeout=None, keep_remote=False):
+                  json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     flags = {"--layers": layers, "--samples": samples, "--data": data, "--backend": backend,
              "--max-tokens": max_tokens, "--device": device, "--dtype": dtype}
     extra = [x for flag, value in flags.items() if value is not None for x in (flag, str(value))]
@@ -160,9 +162,9 @@ def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=N
 
 @task(klass=MldiagTask, help=_help(path="log file on the target", lines="scan the last N lines (default 2000)"))
 def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=False, save=None,
-             parallel=None, timeout=None, keep_remote=False):
+             parallel=None, timeout=None, keep_remote=False, diff=False):
     """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     argv = ["--path", path] + (["--lines", str(lines)] if lines is not None else [])
     cli.execute(opts, bundle.script_job("scan-log", argv))
 
@@ -174,9 +176,9 @@ def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=F
     put="extra local file uploaded beside the script (repeatable)"))
 def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=None,
                hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False):
+               keep_remote=False, diff=False):
     """Upload any local script and run it with arguments through the same safe path."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     argv = list(arg or [])
     if args_json is not None:
         try:

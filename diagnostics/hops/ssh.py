@@ -30,6 +30,9 @@ from .base import ProcessOutput
 from .sshconfig import Endpoint
 
 MAX_CHANNELS = 8
+# New connections opened through one jump host at a time: sshd's default MaxStartups 10:30:100
+# starts dropping unauthenticated connections past 10.
+MAX_STARTUPS_PER_JUMP = 8
 
 # Observers of every command line sent over SSH (tests register one to check the invariant).
 command_observers: List[Callable[[str, List[str]], None]] = []
@@ -133,6 +136,7 @@ class SshPool:
         self._conns: Dict[tuple, PooledConnection] = {}
         self._locks: Dict[tuple, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._jump_slots: Dict[tuple, threading.BoundedSemaphore] = {}
         self.opened = 0   # connections made (tests and the bench count them)
 
     def _lock_for(self, key) -> threading.Lock:
@@ -191,7 +195,17 @@ class SshPool:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
+    def _slots_through(self, jump: Endpoint) -> threading.BoundedSemaphore:
+        with self._guard:
+            return self._jump_slots.setdefault(jump.key, threading.BoundedSemaphore(MAX_STARTUPS_PER_JUMP))
+
     def _open(self, ep: Endpoint) -> PooledConnection:
+        if ep.jump is None:
+            return self._open_now(ep)
+        with self._slots_through(ep.jump):
+            return self._open_now(ep)
+
+    def _open_now(self, ep: Endpoint) -> PooledConnection:
         sock = self._socket(ep)
         connect_kwargs = {"sock": sock, "look_for_keys": False,
                           "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")),

@@ -181,7 +181,7 @@ def test_timeout_leaves_no_process_in_the_container(hosts, lab):
     """, timeout=2))["trainbox"]
     assert r.status == "error" and r.error.layer == "timeout", (r.error.message, r.error.traceback)
     assert time.monotonic() - t0 < 15
-    assert "killed 3 process(es)" in r.error.message
+    assert int(r.error.message.split("killed ")[1].split()[0]) >= 3, r.error.message
     assert [c for c in lab.container_cmdlines(200) if marker in " ".join(c)] == []
     assert [n for n in lab.container_tmp(200) if n.startswith("mldiag-")] == []
 
@@ -226,3 +226,26 @@ def test_put_one_level_at_a_time_into_the_container(hosts, lab):
         os.unlink(root + dest)
     finally:
         pool.close()
+
+
+def test_ssh_config_proxycommand_is_honoured(lab, tmp_path):
+    """A ProxyCommand from ssh_config (through `ssh -W` to the jump host) reaches inner."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"""Host via-proxycommand
+  HostName {lab.inner.address}
+  Port {lab.inner.port}
+  User mlsh
+  IdentityFile {lab.identity}
+  UserKnownHostsFile {lab.known_hosts}
+  StrictHostKeyChecking yes
+  ProxyCommand ssh -F {lab.ssh_config} -W %h:%p jump
+""")
+    old = os.environ["MLDIAG_SSH_CONFIG"]
+    os.environ["MLDIAG_SSH_CONFIG"] = str(cfg)
+    try:
+        topo = topology.load(str(lab.hosts_yaml("hosts:\n  via-proxycommand: {}\n")))
+        r = runner.run_many([topo.targets["via-proxycommand"]], bundle.script_job("ping"))[0]
+    finally:
+        os.environ["MLDIAG_SSH_CONFIG"] = old
+    assert r.status == "ok", r.to_dict()
+    assert r.data["user"] == "mlsh"

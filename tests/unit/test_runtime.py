@@ -6,6 +6,7 @@ SSH; only the transport differs.
 
 import ast
 import glob
+import re
 import os
 import signal
 import sys
@@ -190,8 +191,10 @@ def test_timeout_kills_every_descendant_including_a_setsid_grandchild(tmp_path):
     r = run(src, timeout=1.5)
     elapsed = time.monotonic() - t0
     assert r.status == "error" and r.error.layer == "timeout"
-    assert "1.5 s timeout" in r.error.message and "killed 3 process(es)" in r.error.message
-    assert elapsed < 8
+    assert "1.5 s timeout" in r.error.message
+    killed = int(re.search(r"killed (\d+) process", r.error.message).group(1))
+    assert killed >= 3, r.error.message      # the diagnostic and both sleepers
+    assert elapsed < 1.5 + 1.0 + 10, elapsed  # timeout + TERM grace + slack for a loaded machine
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
     assert marker_procs(marker) == []
