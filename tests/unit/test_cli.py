@@ -99,3 +99,27 @@ def test_save_writes_one_file_per_target_and_a_summary(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["local.json", "summary.json"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["targets"] == {"local": "ok"} and summary["exit_code"] == 0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("hosts:\n  pve1:\n    address: 10.1.2.6\n    containers:\n      trainbox: {runtime: ptc, id: 200}\n",
+     "hosts.yaml:5: hosts.pve1.containers.trainbox.runtime: 'ptc' is not one of pct, docker, podman, lxc, kubectl"),
+    ("hosts:\n  a: {adress: x}\n", "hosts.yaml:2: hosts.a.adress:"),
+    ("hosts:\n  a: [unclosed\n", "hosts.yaml:"),
+    ("hosts:\n  a: !!python/object:os.system {}\n", "hosts.yaml:2:"),
+    ("hosts:\n  a: {jump: b}\n  b: {jump: a}\n", "hosts.yaml:"),
+    ("", "hosts.yaml:"),
+])
+def test_bad_hosts_file_exits_4_with_file_and_line(tmp_path, text, expected):
+    (tmp_path / "hosts.yaml").write_text(text)
+    r = run(MLDIAG + ["ping"], cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    assert expected in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_hosts_file_that_is_a_directory_or_missing(tmp_path):
+    r = run(MLDIAG + ["ping", "--hosts-file", str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 4 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
+    r = run(MLDIAG + ["ping", "--hosts-file", str(tmp_path / "nope.yaml")], cwd=tmp_path)
+    assert r.returncode == 4 and "nope.yaml" in r.stderr and "Traceback" not in r.stderr
