@@ -87,6 +87,68 @@ def run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
     return failed("internal", f"no result from the runtime: {reason}", stderr=stderr)
 
 
+class SlurmAllocation:
+    """A login target's allocation: one row target per node, released with ``release()``."""
+
+    def __init__(self, target: Target, pool: SshPool, job: bundle.Job):
+        self.target = target
+        self.pool = pool
+        self.job = job
+        self.jobid: Optional[str] = None
+        self.rows: List[Target] = []
+        self.failure: Optional[Result] = None
+        self._login = None
+
+    def allocate(self) -> "SlurmAllocation":
+        from dataclasses import replace
+        from .hops import slurm
+        started = time.monotonic()
+        t = self.target
+        base = t.name.split(":", 1)[0]
+        queue_timeout = self.job.timeout if self.job.timeout is not None else t.timeout
+        try:
+            self._login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
+            deadline = time.monotonic() + queue_timeout + CLIENT_GRACE_S
+            out = self._login.run(slurm.salloc_argv(t.slurm, queue_timeout), b"", deadline)
+            text = (out.stderr + out.stdout).decode("utf-8", "replace")
+            self.jobid = slurm.parse_granted(text)
+            if not self.jobid:
+                reason = first_line("\n".join(l for l in text.splitlines() if "error" in l.lower())
+                                    or text) or f"exit {out.exit_code}"
+                raise TransportError("unreachable", f"salloc on {base} got no allocation: {reason}",
+                                     text[-4000:])
+            nodes = slurm.node_names(t.slurm)
+            if not nodes:
+                out = self._login.run(slurm.squeue_nodes_argv(self.jobid), b"", deadline)
+                from ClusterShell.NodeSet import NodeSet
+                nodes = list(NodeSet(out.stdout.decode().strip()))
+            self.rows = [replace(t, name=f"{base}:{node}", slurm_step=(self.jobid, node))
+                         for node in nodes]
+        except TransportError as exc:
+            self.failure = Result.failure(self.job.diagnostic, t.name, exc.layer, exc.message,
+                                          stderr=exc.stderr, duration_s=time.monotonic() - started)
+        except Exception as exc:
+            self.failure = Result.failure(self.job.diagnostic, t.name, "internal",
+                                          f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+                                          duration_s=time.monotonic() - started)
+        return self
+
+    def release(self) -> None:
+        if self.jobid and self._login is not None:
+            from .hops import slurm
+            try:
+                self._login.run(slurm.scancel_argv(self.jobid), b"", time.monotonic() + 30)
+            except Exception:
+                pass
+
+
+def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex) -> List[object]:
+    """Each Slurm login target becomes its allocation (made in parallel); others stay."""
+    pending = {i: ex.submit(SlurmAllocation(t, pool, job_for(t)).allocate)
+               for i, t in enumerate(targets) if t.slurm is not None and t.slurm_step is None}
+    return [pending[i].result() if i in pending else t for i, t in enumerate(targets)]
+
+
 def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target], bundle.Job]], *,
              parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
              on_result: Optional[Callable[[Result], None]] = None) -> List[Result]:
@@ -97,26 +159,34 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     job_for = job if callable(job) else (lambda target: job)
     own_pool = pool is None
     pool = pool or SshPool()
-    results: List[Optional[Result]] = [None] * len(targets)
+    ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, 256)))
+    allocations: List[SlurmAllocation] = []
     try:
-        if len(targets) == 1:
-            results[0] = run_one(targets[0], job_for(targets[0]), pool)
+        # Slurm login targets become one row per node; a failed allocation is its own row.
+        planned: List[Union[Target, Result]] = []
+        for item in _expand_slurm(targets, job_for, pool, ex):
+            if isinstance(item, SlurmAllocation):
+                allocations.append(item)
+                planned.extend([item.failure] if item.failure else item.rows)
+            else:
+                planned.append(item)
+        results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
+        futures = {ex.submit(run_one, p, job_for(p), pool): i
+                   for i, p in enumerate(planned) if not isinstance(p, Result)}
+        for i, r in enumerate(results):
+            if r is not None and on_result:
+                on_result(r)
+        for fut in as_completed(futures):
+            result = fut.result()
+            results[futures[fut]] = result
             if on_result:
-                on_result(results[0])
-            return results
-        ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets))))
-        try:
-            futures = {ex.submit(run_one, t, job_for(t), pool): i for i, t in enumerate(targets)}
-            for fut in as_completed(futures):
-                result = fut.result()
-                results[futures[fut]] = result
-                if on_result:
-                    on_result(result)
-            return results
-        finally:
-            # On Ctrl-C: drop queued targets; closing the pool below ends the running ones
-            # (their runtimes see stdin close and kill the diagnostics).
-            ex.shutdown(wait=False, cancel_futures=True)
+                on_result(result)
+        return results
     finally:
+        # On Ctrl-C: drop queued targets; closing the pool below ends the running ones
+        # (their runtimes see stdin close and kill the diagnostics).
+        ex.shutdown(wait=False, cancel_futures=True)
+        for allocation in allocations:
+            allocation.release()
         if own_pool:
             pool.close()

@@ -30,7 +30,7 @@ import difflib
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
@@ -115,6 +115,8 @@ class Target:
     gpus: Optional[int] = None
     slurm: Optional[Slurm] = None
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
+    # Set by the runner on a Slurm node row (``cluster-a:n3``): (allocation job id, node name).
+    slurm_step: Optional[Tuple[str, str]] = None
 
     @property
     def env_dict(self) -> Dict[str, str]:
@@ -143,7 +145,7 @@ class Topology:
         else:
             names = [n for value in hosts for n in self._named_targets(value)]
             names += [n for group in groups for n in self._group_members(group)]
-        return [self.targets[name] for name in _unique(names)]
+        return [self.targets.get(name) or self._slurm_row(name) for name in _unique(names)]
 
     def _named_targets(self, value: str) -> List[str]:
         try:
@@ -151,9 +153,26 @@ class Topology:
         except ValueError as exc:
             raise InputError(str(exc), key="--host") from None
         for name in names:
-            if name not in self.targets:
+            if name not in self.targets and not self._slurm_row(name):
                 raise InputError(f"unknown target {name!r}{_hint(name, self.targets)}")
         return names
+
+    def _slurm_row(self, name: str) -> Optional[Target]:
+        """``cluster-a:n3`` (or ``cluster-a:n[1-2]``): the Slurm login target restricted to
+        those nodes; None when ``name`` is not of that form."""
+        base, sep, nodes = name.partition(":")
+        target = self.targets.get(base)
+        if not sep or target is None or target.slurm is None or not nodes:
+            return None
+        try:
+            expanded = expand_nodeset(nodes)
+        except ValueError as exc:
+            raise InputError(f"{name}: {exc}", key="--host") from None
+        for node in expanded:
+            if not NAME.fullmatch(node):
+                raise InputError(f"{name}: node name {node!r} is not a plain name", key="--host")
+        slurm = replace(target.slurm, nodes=len(expanded), nodelist=",".join(expanded))
+        return replace(target, name=name, slurm=slurm)
 
     def _group_members(self, group: str) -> Tuple[str, ...]:
         if group not in self.groups:

@@ -93,6 +93,11 @@ def describe_target(target: Target) -> str:
             jump = jump.jump
         if vias:
             parts[0] += f" (via {', '.join(reversed(vias))})"
+    if target.slurm:
+        from .slurm import node_names
+        nodes = target.slurm.nodelist if node_names(target.slurm) else f"{target.slurm.nodes} nodes"
+        partition = f" -p {target.slurm.partition}" if target.slurm.partition else ""
+        parts.append(f"srun{partition} ({nodes}, one step per node)")
     if target.become:
         parts.append("sudo")
     if target.container:
@@ -109,6 +114,9 @@ def chain_for(target: Target, pool: SshPool) -> Chain:
     else:
         transport = SshTransport(resolve(target.host), pool)
     wrappers: List[Wrapper] = []
+    if target.slurm_step:
+        from .slurm import SrunStep
+        wrappers.append(SrunStep(*target.slurm_step))
     if target.become:
         wrappers.append(Sudo())
     if target.container:

@@ -1,0 +1,85 @@
+"""Slurm: ``ssh login → srun (one step per node) → [sudo] → [container] → interpreter``.
+
+A ``slurm:`` host is a login node. Running there is three moves, all through the login
+host's one SSH connection:
+1. ``salloc --no-shell`` gets one allocation of the nodes (queue wait is bounded by ``-I``,
+   the diagnostic's timeout; it does not count against the diagnostic's own timeout);
+2. one ``srun --jobid J -w NODE --overlap`` step per node streams the bundle through stdin
+   to that node — compute nodes need not share the login node's /tmp — so a dead node fails
+   its own step while the others report (one ``srun -N4`` step would fail as a whole);
+3. ``scancel J`` in every outcome.
+Timeouts are enforced on the node by the runtime and by the client: srun's ``-t`` is only
+checked about once a minute.
+"""
+
+import re
+from typing import List, Optional, Sequence
+
+from ..topology import Slurm
+from .base import Classification, Wrapper, find_line
+
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+
+
+def node_names(slurm: Slurm) -> Optional[List[str]]:
+    """The nodelist of hosts.yaml, expanded (brackets never reach a command line)."""
+    if not slurm.nodelist:
+        return None
+    from ClusterShell.NodeSet import NodeSet
+    return list(NodeSet(slurm.nodelist))
+
+
+def salloc_argv(slurm: Slurm, queue_timeout: float) -> List[str]:
+    nodes = node_names(slurm)
+    argv = ["salloc", "--no-shell", "-J", "mldiag", "-N", str(len(nodes) if nodes else slurm.nodes),
+            f"-I{max(1, int(queue_timeout))}"]
+    if slurm.partition:
+        argv += ["-p", slurm.partition]
+    if slurm.account:
+        argv += ["-A", slurm.account]
+    if slurm.time:
+        argv += ["-t", slurm.time]
+    if slurm.gpus_per_node:
+        argv += ["--gpus-per-node", str(slurm.gpus_per_node)]
+    if nodes:
+        argv += ["-w", ",".join(nodes)]
+    return argv
+
+
+def parse_granted(text: str) -> Optional[str]:
+    match = _GRANTED.search(text)
+    return match.group(1) if match else None
+
+
+def squeue_nodes_argv(jobid: str) -> List[str]:
+    return ["squeue", "-h", "-j", jobid, "-o", "%N"]
+
+
+def scancel_argv(jobid: str) -> List[str]:
+    return ["scancel", jobid]
+
+
+class SrunStep(Wrapper):
+    """One job step on one node of an existing allocation."""
+
+    kind = "srun"
+
+    def __init__(self, jobid: str, node: str):
+        self.jobid = jobid
+        self.node = node
+
+    def wrap(self, argv: Sequence[str]) -> List[str]:
+        return ["srun", "--jobid", self.jobid, "-N1", "-n1", "-w", self.node, "--overlap",
+                "--quiet", "--"] + list(argv)
+
+    def describe(self) -> str:
+        return f"srun -w {self.node}"
+
+    def classify(self, exit_code, stderr) -> Classification:
+        line = find_line(stderr, "srun: error", "srun: fatal", "slurmstepd: error",
+                         "Unable to create step", "Job step aborted")
+        if line:
+            return "unreachable", f"slurm node {self.node}: {line}"
+        if exit_code is not None and exit_code >= 128 and find_line(stderr, "srun:"):
+            return "unreachable", f"slurm node {self.node}: srun exit {exit_code}"
+        return None
