@@ -303,15 +303,23 @@ def _spawn_argv(header, tmpdir):
     return argv
 
 
+def needs_spawn(header):
+    """A separately exec'd child: for ``activate:``, and for an ``env:`` that only a starting
+    interpreter or dynamic loader reads (PYTHONPATH, PYTHONHOME, LD_LIBRARY_PATH, LD_PRELOAD...),
+    which a forked child would silently ignore."""
+    return bool(header.get("activate")) or any(
+        k.startswith(("PYTHON", "LD_")) for k in (header.get("env") or {}))
+
+
 def start_child(header, tmpdir, out_w, err_w, close_fds):
     """fork (fast: no second interpreter) or fork+exec when an activation is needed."""
-    spawn = bool(header.get("activate"))
+    spawn = needs_spawn(header)
     argv = _spawn_argv(header, tmpdir) if spawn else None
     env = dict(os.environ)
     env.update(header.get("env") or {})
     env["MLDIAG_TMPDIR"] = tmpdir
     env["MLDIAG_TARGET"] = str(header.get("target") or "")
-    if spawn:
+    if header.get("activate"):
         words = header["activate"]
         env["MLDIAG_ACTIVATE_SCRIPT"] = words[0]
         env["MLDIAG_ACTIVATE_CMD"] = " ".join(words[1:])
@@ -543,7 +551,7 @@ def main(stdin):
     try:
         tmpdir = tempfile.mkdtemp(prefix="mldiag-", dir=header.get("tmpdir") or None)
         _extract(blob, tmpdir)
-        if header.get("activate"):  # the child is a separate interpreter: it needs these on disk
+        if needs_spawn(header):  # the child is a separate interpreter: it needs these on disk
             for name, data in ((RUNTIME_FILE, RUNTIME_SOURCE),
                                (HEADER_FILE, json.dumps(header).encode("utf-8"))):
                 fd = os.open(os.path.join(tmpdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

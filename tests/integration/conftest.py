@@ -45,7 +45,7 @@ ML_LIBS = ("libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0", "
 def _ml_binds() -> list:
     """extra_binds for the lab's containers (read-only, same path inside): tests/fixtures (the
     fake nvidia-smi's captures; the Lab's default), and for test_diagnostics_remote.py
-    <lab root>/ml/lib-KEY (copies of ML_LIBS, for LD_LIBRARY_PATH), <lab root>/ml/models (tiny
+    /var/tmp/mldiag-lab-UID/ml/lib-KEY (copies of ML_LIBS, for LD_LIBRARY_PATH), .../ml/models (tiny
     models saved by the tests after the CT started) and the site-packages holding torch and
     transformers (for PYTHONPATH). Found there through `lab.extra_binds`."""
     import glob
@@ -55,7 +55,8 @@ def _ml_binds() -> list:
     import tempfile
 
     binds = [REPO / "tests" / "fixtures"]
-    ml = Path(f"/tmp/mldiag-lab-{os.getuid()}") / "ml"   # Lab.start's default root
+    # NOTE: not under /tmp: the transport tests check that the CT's /tmp has no mldiag-* left
+    ml = Path(f"/var/tmp/mldiag-lab-{os.getuid()}") / "ml"
     (ml / "models").mkdir(parents=True, exist_ok=True)
     for d in (ml.parent, ml, ml / "models"):
         os.chmod(d, 0o755)
@@ -76,15 +77,14 @@ def _ml_binds() -> list:
             except OSError:  # another session made it meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
         binds.append(lib_dir)
-    # the lab copies every bind when the checkout is not world-traversable: never 1 GB of torch
-    fakes = REPO / "tests" / "fakes"
-    if all(os.stat(d).st_mode & 0o001 for d in [fakes, *fakes.parents]):
-        for name in ("torch", "transformers"):
-            spec = importlib.util.find_spec(name)
-            if spec and spec.origin:
-                site = Path(spec.origin).resolve().parents[1]
-                if site not in binds:
-                    binds.append(site)
+    # read inside the CT by root, so never copied even when the checkout is not
+    # world-traversable (the lab copies only binds under tests/)
+    for name in ("torch", "transformers"):
+        spec = importlib.util.find_spec(name)
+        if spec and spec.origin:
+            site = Path(spec.origin).resolve().parents[1]
+            if site not in binds:
+                binds.append(site)
     return binds
 
 

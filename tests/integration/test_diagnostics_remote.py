@@ -130,8 +130,9 @@ def test_env_report_drift_between_ct_and_host(plain_hosts):
     # the same Debian 3.11.2 and OS on both sides: no drift there; host names never drift
     for same in ("python.version", "os.name", "os.libc", "torch", "os.hostname"):
         assert same not in lines, (same, out)
-    rows = out.split("drift across", 1)[0].splitlines()
-    assert {ln.split()[0] for ln in rows[1:] if ln.strip() and ln.split()[0] in ("ct", "main")} == {"ct", "main"}
+    table = out.split("\n\n", 1)[0].splitlines()     # the usual table first: one row per target
+    assert table[0].split()[:3] == ["TARGETS", "STATUS", "SUMMARY"]
+    assert {ln.split()[0] for ln in table[1:] if not ln.startswith(" ")} == {"ct", "main"}
 
     # --json: one document per target, every field
     j = mldiag("env-report", "--hosts-file", plain_hosts, "-H", "ct,main", "--json")
@@ -146,6 +147,7 @@ def test_env_report_drift_between_ct_and_host(plain_hosts):
     assert c["os"]["id"] == m["os"]["id"] == "debian"
     assert c["packages"]["torch"] is None and c["torch"]["installed"] is False   # the bare CT venv
     assert c["os"]["hostname"] == "ct200"       # the CT's own UTS name (lxc.uts.name)
+    assert c["os"]["container"] == "lxc"
     assert docs["ct"]["diagnostic"] == "env-report" and docs["ct"]["error"] is None
 
 
@@ -155,8 +157,7 @@ def test_scan_log_on_a_log_inside_the_ct(lab, plain_hosts):
     # the same file read in the CT and on the host: identical answers, folded into one row
     r = mldiag("scan-log", "--hosts-file", plain_hosts, "-H", "ct,main", "--path", log)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stdout.splitlines()[1].split()[:2] == ["ct,main", "fail"] or \
-        r.stdout.splitlines()[1].split()[:2] == ["main,ct", "fail"], r.stdout
+    assert r.stdout.splitlines()[1].split()[:2] == ["ct,main", "fail"], r.stdout
     assert r.stdout.splitlines()[-1] == "2 fail"
 
     j = mldiag("scan-log", "--hosts-file", plain_hosts, "-H", "ct", "--path", log, "--json")
@@ -190,8 +191,9 @@ def test_scan_log_on_a_log_inside_the_ct(lab, plain_hosts):
 @pytest.fixture(scope="module")
 def ml_hosts(lab):
     """A hosts.yaml whose CT targets see this process's torch and transformers, and tiny models
-    saved once for the module: llama (4 full-attention layers, tokenizer), qwen3next (3 linear +
-    1 full attention, no tokenizer) and broken (llama with NaN weights in decoder layer 1)."""
+    saved once for the module: llama (4 full-attention layers, tokenizer) and qwen3next (3 linear +
+    1 full attention, no tokenizer). (The NaN-injected model's failure is tests/unit's: one more
+    target here costs a whole torch + transformers import in the CT.)"""
     lab.need("lxc")
     torch = mlenv.require("torch")
     transformers = mlenv.require("transformers")
@@ -208,7 +210,6 @@ def ml_hosts(lab):
     models = {
         "llama": tm.build("llama", root / "llama", tokenizer=True),
         "qwen3next": tm.build("qwen3_next", root / "qwen3_next"),
-        "broken": tm.build("llama", root / "broken", nan_layer=1),
     }
     for dirpath, dirnames, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
@@ -260,9 +261,9 @@ def test_check_attn_in_the_ct(ml_hosts):
 
 def test_extract_smoke_in_the_ct(ml_hosts):
     path, models, _tf, _torch = ml_hosts
-    r = mldiag("extract-smoke", "--hosts-file", path, "-H", "llama,qwen3next,broken", "--json",
+    r = mldiag("extract-smoke", "--hosts-file", path, "-H", "llama,qwen3next", "--json",
                "--backend", "transformers", "--device", "cpu", "--max-tokens", "16", "--samples", "2")
-    assert r.returncode == 2, r.stdout + r.stderr      # the broken model fails
+    assert r.returncode == 0, r.stdout + r.stderr
     docs = docs_of(r)
     for name in ("llama", "qwen3next"):
         doc = docs[name]
@@ -280,10 +281,3 @@ def test_extract_smoke_in_the_ct(ml_hosts):
         assert doc["summary"].startswith("transformers: layers 1,2,4 of 4 captured, hidden 32")
     assert docs["llama"]["data"]["tokenizer"]["synthetic_ids"] is False
     assert docs["qwen3next"]["data"]["tokenizer"]["synthetic_ids"] is True
-
-    broken = docs["broken"]
-    assert broken["status"] == "fail"
-    f = codes(broken)["nonfinite"]
-    assert f["level"] == "fail"
-    assert "first bad hidden_states id is 2 (output of decoder layer 1)" in f["message"]
-    assert {l["id"]: l["finite"] for l in broken["data"]["layers"]} == {1: True, 2: False, 4: False}

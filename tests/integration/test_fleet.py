@@ -64,6 +64,6 @@ def test_live_targets_report_while_dead_ones_are_classified(lab, blackhole):
     assert "timed out" in by_name["blackholed"].error.message
     # the black hole costs its own connect timeout, nothing more, and delays no one else
     assert CONNECT_TIMEOUT <= elapsed < CONNECT_TIMEOUT + 6, elapsed
-    assert arrival[-1][0] == "blackholed"
+    assert arrival[-1][0] == "blackholed", arrival
     others_done = max(t for name, t in arrival if name != "blackholed")
     assert others_done < CONNECT_TIMEOUT, arrival

@@ -275,7 +275,11 @@ class Lab:
             shutil.copytree(src, dest, symlinks=True)
             return dest
 
-        self.extra_binds = [copy_of(b) for b in self.extra_binds]
+        # Only the test data the lab users read on the host (fixtures beside the fakes) is
+        # copied; other binds (e.g. a venv's site-packages) are read inside the CTs by root.
+        tests_dir = REPO / "tests"
+        self.extra_binds = [copy_of(b) if tests_dir in [b, *b.parents] else b
+                            for b in self.extra_binds]
         return copy_of(p)
 
     def _make_keys(self) -> None:

@@ -349,3 +349,17 @@ def test_remote_side_parses_as_python_3_8(path):
 
 def test_stage_a_parses_as_python_3_0():
     ast.parse(bundle.STAGE_A, feature_version=(3, 4))
+
+
+def test_env_read_at_interpreter_start_takes_effect(tmp_path):
+    """PYTHONPATH (and LD_*) only work in a fresh interpreter: such an env means a spawned child."""
+    (tmp_path / "extra_mod.py").write_text("VALUE = 'from PYTHONPATH'\n")
+    r = run("""
+        import argparse
+        def build_parser(): return argparse.ArgumentParser()
+        def run(args):
+            import extra_mod
+            return {"summary": extra_mod.VALUE}
+    """, target=local(env=(("PYTHONPATH", str(tmp_path)),)))
+    assert r.status == "ok", r.to_dict()
+    assert r.summary == "from PYTHONPATH"
