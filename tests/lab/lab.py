@@ -1,6 +1,6 @@
 """The mldiag test lab: real sshd hosts, a jump chain in network namespaces, LXC
-containers behind a `pct` stand-in, and a podman container — built in a few
-seconds, torn down without leftovers. See `Lab` for what a test can use."""
+containers behind a `pct` stand-in, a podman container and a 4-node Slurm cluster —
+built in a few seconds, torn down without leftovers. See `Lab` for what a test can use."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import lxc, netns, rootfs, sshd, users
+from . import lxc, netns, rootfs, sshd, slurm, users
 from .podman import Podman
 from .util import (LabError, LabUnavailable, all_pids, cmdline, descendants, environ_has,
                    free_port, kill_all, missing_programs, ns_of, run, state_of)
@@ -29,7 +29,8 @@ SESSION_ENV = "MLDIAG_LAB_SESSION"  # set in every lab ssh session (and kept by 
 PCT_ENV = "MLDIAG_PCT_LXCPATH"      # the session's LXC path, for tests/fakes/pct
 # set by the lab's sshds (SetEnv) and kept by sudo for the lab users (env_keep)
 SESSION_VARS = (SESSION_ENV, PCT_ENV, "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
-                "MLDIAG_FAKE_NVIDIA_SMI*")  # the fake nvidia-smi's knobs pass sudo too
+                "MLDIAG_FAKE_NVIDIA_SMI*",  # the fake nvidia-smi's knobs pass sudo too
+                "SLURM_CONF")
 
 CT_RUNNING, CT_STOPPED = 200, 201
 VENV = "/root/venv"
@@ -44,9 +45,10 @@ PROGRAMS = {
     "netns": ["ip", "sysctl", "iptables"],
     "lxc": ["lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "ldd", "/usr/bin/python3.11"],
     "podman": ["/usr/bin/podman", "runc", "conmon"],
+    "slurm": slurm.PROGRAMS,
 }
 PACKAGES = ("openssh-server openssh-client zsh sudo lxc podman runc conmon iptables iproute2 "
-            "procps psmisc python3 python3-venv")
+            "procps psmisc python3 python3-venv " + slurm.PACKAGES)
 
 
 class Lab:
@@ -70,7 +72,8 @@ class Lab:
       path         the PATH every ssh session gets (SetEnv): fakes_dir, then the system dirs;
                    sudo's secure_path for the lab users starts with fakes_dir too.
       session_env  the other variables each ssh session gets and sudo keeps: MLDIAG_LAB_SESSION,
-                   MLDIAG_PCT_LXCPATH (pct's LXC path), CONTAINERS_CONF, CONTAINERS_STORAGE_CONF.
+                   MLDIAG_PCT_LXCPATH (pct's LXC path), CONTAINERS_CONF, CONTAINERS_STORAGE_CONF,
+                   SLURM_CONF (with the slurm part).
     Containers
       lxc_path     LXC path of the CTs; pct (fakes_dir/pct) takes it from $MLDIAG_PCT_LXCPATH,
                    else from /etc/mldiag-lab/pct.conf (for root shells outside ssh).
@@ -80,6 +83,18 @@ class Lab:
                    works for mlsh/mlzsh (CONTAINERS_CONF* point /usr/bin/podman at the lab's config);
                    podman: the Podman helper (lab.podman("ps") runs podman with that config).
       rootfs       the cached base rootfs both kinds of container overlay.
+    Slurm (part "slurm"; tests/lab/slurm.py)
+      slurm        SlurmCluster: munged, slurmctld and slurmd n1..n4, each slurmd in its own UTS and
+                   mount namespace (hostname nX, a private /tmp); the `main` host (this machine)
+                   is the login node: `ssh main srun -N4 ...` runs as mlsh on the nodes (sudo keeps
+                   SLURM_CONF). Partitions debug (default) and gpu over all nodes, 4 CPUs and
+                   8 GPUs (GRES, /dev/null copies; `--gpus-per-node` sets CUDA_VISIBLE_DEVICES) each.
+                   .conf (= $SLURM_CONF) .nodes .partitions .cmd("squeue", ...) (as root here)
+                   .node_states() .node_pid(n) .node_pids(n) (slurmstepd + tasks) .log_dir .timings.
+      slurm_nodes  ("n1", "n2", "n3", "n4").
+      slurm_stop_node(n, sig=SIGSTOP)  hang (SIGSTOP) or kill (SIGKILL) node n's slurmd;
+      slurm_start_node(n)              undo it, return when n is usable again (idle, mix, alloc).
+      slurm_tmp(n) sorted entries of /tmp on node n (slurm.node_tmp_dir(n) is that dir here).
     Files
       fakes_dir    tests/fakes (pct, nvidia-smi): first on every PATH; bind-mounted read-only at
                    the same path in the containers, with tests/fixtures (extra_binds: the fake
@@ -108,6 +123,9 @@ class Lab:
         self.venv_python = f"{VENV}/bin/python"
         self._ct_pids: Dict[int, int] = {}
         self._podbox_pid: Optional[int] = None
+        self.slurm: Optional[slurm.SlurmCluster] = None
+        self.slurm_nodes = slurm.NODES
+        self._state_lock = threading.Lock()
         self.rootfs: Optional[Path] = None
         self._hosts_n = 0
         self._closed = False
@@ -155,6 +173,8 @@ class Lab:
         env = {SESSION_ENV: self.sid, PCT_ENV: str(self.lxc_path)}
         if self.podman:
             env.update(self.podman.config_env)
+        if self.slurm:
+            env.update(self.slurm.env)
         return env
 
     main = property(lambda self: self.servers["main"])
@@ -210,6 +230,27 @@ class Lab:
         if "netns" not in self.unavailable:
             self._step("netns", self._start_netns)
         self._step("sudoers", self._install_globals)
+        # podman (the slowest part) and Slurm start in threads while LXC and the sshds come up
+        background: List[tuple] = []
+
+        def in_background(name: str, fn, *args) -> None:
+            errors: list = []
+
+            def body():
+                try:
+                    self._step(name, fn, *args)
+                except BaseException as e:  # re-raised below, in this thread
+                    errors.append(e)
+
+            thread = threading.Thread(target=body, name=f"lab-{name}")
+            thread.start()
+            background.append((thread, errors))
+
+        if "slurm" not in self.unavailable:
+            # first: its node namespaces then copy fewer of the containers' mounts
+            self.slurm = slurm.SlurmCluster(self.dir / "slurm", visible_root=self.root)
+            self._write_state()
+            in_background("slurm", self._start_slurm)
         base = None
         if not {"lxc", "podman"} <= set(self.unavailable):
             try:
@@ -217,30 +258,21 @@ class Lab:
             except LabUnavailable as e:
                 for part in ("lxc", "podman"):
                     self._unavailable(part, str(e))
-        # podman (the slowest part) starts in a thread while LXC and the sshds come up
-        pod_thread, pod_error = None, []
         if "podman" not in self.unavailable:
             self.podman = Podman(self.dir / "podman")
             self.podman.write_config()
             self._write_state()
-
-            def pod():
-                try:
-                    self._step("podman", self._start_podman, base)
-                except BaseException as e:  # re-raised below, in this thread
-                    pod_error.append(e)
-
-            pod_thread = threading.Thread(target=pod, name="lab-podman")
-            pod_thread.start()
+            in_background("podman", self._start_podman, base)
         try:
             if "lxc" not in self.unavailable:
                 self._step("lxc", self._start_lxc, base)
             self._step("sshd", self._start_sshds)
         finally:
-            if pod_thread:
-                pod_thread.join()
-        if pod_error:
-            raise pod_error[0]
+            for thread, _ in background:
+                thread.join()
+        for _, errors in background:
+            if errors:
+                raise errors[0]
         self._write_state()
         self.startup_s = round(time.monotonic() - t0, 3)
 
@@ -332,6 +364,15 @@ class Lab:
             return
         # a symlink, as in the CTs: the fake finds its fixtures beside its real path
         self.podman("exec", PODBOX, "ln", "-s", str(self.fakes_dir / "nvidia-smi"), "/usr/bin/nvidia-smi")
+
+    def _start_slurm(self) -> None:
+        try:
+            self.slurm.start()
+        except LabError as e:
+            self.slurm.stop()
+            self._unavailable("slurm", f"cannot start the Slurm cluster: {e}")
+        finally:
+            self._write_state()
 
     def _start_sshds(self) -> None:
         version = sshd.openssh_version()
@@ -442,6 +483,26 @@ class Lab:
     def podman_tmp(self, name: str = PODBOX) -> List[str]:
         return sorted(os.listdir(f"/proc/{self._podman_pid(name)}/root/tmp"))
 
+    def _slurm(self) -> slurm.SlurmCluster:
+        self.need("slurm")
+        if self.slurm is None:
+            raise LabError("the Slurm cluster was not started")
+        return self.slurm
+
+    def slurm_stop_node(self, node: str, sig: int = signal.SIGSTOP) -> None:
+        """Hang (SIGSTOP, the default) or kill (SIGKILL) node `node`'s slurmd; steps already
+        running there go on. slurm_start_node undoes it."""
+        self._slurm().stop_node(node, sig)
+
+    def slurm_start_node(self, node: str, timeout: float = 30) -> None:
+        """SIGCONT or restart node `node`'s slurmd; return when the node is usable again
+        (idle, or mix/alloc when a job holds it)."""
+        self._slurm().start_node(node, timeout)
+
+    def slurm_tmp(self, node: str) -> List[str]:
+        """Sorted entries of /tmp on Slurm node `node` (not the login node's /tmp)."""
+        return self._slurm().node_tmp(node)
+
     def host_tmp(self, user: str) -> List[str]:
         """Sorted entries of the host's /tmp owned by `user` (lab users have no TMPDIR)."""
         uid = pwd.getpwnam(user).pw_uid
@@ -498,21 +559,25 @@ class Lab:
         for s in self.servers.values():
             s.stop()
         kill_all(stray)
+        if self.slurm:
+            self.slurm.stop()
         teardown_state(self._state(), remove_dir=True)
 
     def _state(self) -> dict:
         return {
             "owner": os.getpid(), "sid": self.sid, "dir": str(self.dir),
-            "sshd": [s.pid for s in self.servers.values() if s.pid],
+            "sshd": [s.pid for s in list(self.servers.values()) if s.pid],  # list(): atomic vs. threads
             "lxc_path": str(self.lxc_path), "vmids": [CT_RUNNING, CT_STOPPED],
             "podman": ({"conf": str(self.podman.conf), "storage_conf": str(self.podman.storage_conf),
                         "names": [PODBOX]} if self.podman else None),
             "jumpnet": self.jumpnet.__dict__ if self.jumpnet else None,
+            "slurm": self.slurm.state() if self.slurm else None,
         }
 
     def _write_state(self) -> None:
-        if self.dir.is_dir():
-            (self.dir / "state.json").write_text(json.dumps(self._state()))
+        with self._state_lock:  # the background parts write it too
+            if self.dir.is_dir():
+                (self.dir / "state.json").write_text(json.dumps(self._state()))
 
     def __enter__(self):
         return self
@@ -529,6 +594,9 @@ class Lab:
         lines.append(f"  lxc_path {self.lxc_path} (CT {CT_RUNNING} running, {CT_STOPPED} stopped)")
         if self.podman:
             lines.append(f"  podman {PODBOX}: " + " ".join(f"{k}={v}" for k, v in self.podman.config_env.items()))
+        if self.slurm and "slurm" not in self.unavailable:
+            lines.append(f"  slurm nodes {','.join(self.slurm.nodes)} (login node: main) "
+                         f"SLURM_CONF={self.slurm.conf} logs={self.slurm.log_dir}")
         for part, why in self.unavailable.items():
             lines.append(f"  UNAVAILABLE {part}: {why}")
         return "\n".join(lines)
@@ -546,6 +614,8 @@ def teardown_state(state: dict, remove_dir: bool) -> None:
     """Undo a session from its state.json: containers, podman, netns, global files, dir.
     Never raises: it also cleans up after a crashed session."""
     d = Path(state["dir"])
+    if state.get("slurm"):  # first: its nodes' namespaces hold copies of the other parts' mounts
+        slurm.teardown(state["slurm"])
     lxc_path = Path(state["lxc_path"])
     for vmid in state.get("vmids", []):
         if (lxc_path / str(vmid) / "config").exists():

@@ -1,0 +1,86 @@
+"""Slurm targets against the lab's real 4-node cluster (munge + slurmctld + 4 slurmd, each with
+a private /tmp): login host `main` over SSH → one srun step per node → the runtime."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diagnostics import bundle, runner, topology
+
+MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOSTS = """\
+defaults: {connect_timeout: 5, timeout: 60}
+hosts:
+  cluster-a:
+    address: main
+    slurm: {partition: debug, nodes: 4, time: "00:05:00"}
+  cluster-b:
+    address: main
+    slurm: {nodes: 3, nodelist: "n[1-3]"}
+"""
+
+
+@pytest.fixture(scope="module")
+def hosts_file(lab):
+    lab.need("slurm")
+    return lab.hosts_yaml(HOSTS)
+
+
+def mldiag(*argv, timeout=180):
+    return subprocess.run(MLDIAG + list(argv), capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=dict(os.environ))
+
+
+def jobs_of_mlsh(lab):
+    out = lab.ssh("main", "squeue", "-h", "-u", "mlsh", "-o", "%i")
+    return out.stdout.split()
+
+
+def test_gpu_status_on_all_four_nodes_through_srun(lab, hosts_file):
+    tmp_before = {n: set(lab.slurm_tmp(n)) for n in lab.slurm_nodes}
+    r = mldiag("gpu-status", "--hosts-file", str(hosts_file), "-H", "cluster-a", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    docs = json.loads(r.stdout)
+    assert [d["target"] for d in docs] == ["cluster-a:n1", "cluster-a:n2", "cluster-a:n3", "cluster-a:n4"]
+    for d in docs:
+        assert d["status"] == "ok", d["summary"]
+        assert d["data"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    # the allocation is released and no node's private /tmp keeps anything of ours
+    assert jobs_of_mlsh(lab) == []
+    for n in lab.slurm_nodes:
+        assert set(lab.slurm_tmp(n)) - tmp_before[n] == set()
+
+
+def test_each_row_ran_on_its_own_node_and_a_node_can_be_selected(lab, hosts_file):
+    topo = topology.load(str(hosts_file))
+    results = runner.run_many(topo.select(["cluster-b", "cluster-a:n4"]), bundle.script_job("ping"))
+    by_name = {r.target: r for r in results}
+    assert sorted(by_name) == ["cluster-a:n4", "cluster-b:n1", "cluster-b:n2", "cluster-b:n3"]
+    for name, r in by_name.items():
+        assert r.status == "ok", r.summary
+        assert r.data["hostname"] == name.split(":")[1]     # each slurmd has its own UTS name
+        assert r.data["user"] == "mlsh"
+
+
+def test_a_dead_node_is_reported_while_the_others_report(lab, hosts_file):
+    lab.slurm_stop_node("n3", signal.SIGKILL)
+    try:
+        t0 = time.monotonic()
+        r = mldiag("ping", "--hosts-file", str(hosts_file), "-H", "cluster-b", "--json")
+        elapsed = time.monotonic() - t0
+    finally:
+        lab.slurm_start_node("n3")
+    docs = {d["target"]: d for d in json.loads(r.stdout)}
+    assert r.returncode == 3, r.stderr
+    assert docs["cluster-b:n1"]["status"] == "ok" and docs["cluster-b:n2"]["status"] == "ok"
+    dead = docs["cluster-b:n3"]
+    assert dead["status"] == "error" and dead["error"]["layer"] == "unreachable"
+    assert "slurm node n3" in dead["error"]["message"]
+    assert elapsed < 60 + 15
+    assert jobs_of_mlsh(lab) == []

@@ -1,0 +1,446 @@
+"""A real Slurm cluster for the lab: munge, slurmctld and four slurmd (n1..n4) on this machine.
+
+Each slurmd runs in its own UTS and mount namespace (`unshare --uts --mount`, propagation
+private): hostname nX and a private /tmp. That /tmp is a directory of the session
+(`node_tmp_dir(node)`, mode 1777) bind-mounted on /tmp, with the lab's root bound back at its
+own path inside it when the root lies under /tmp, so slurm.conf, the munge socket, the spool
+and a copied fakes dir stay reachable. Compute nodes do not see the login node's /tmp and the
+login node does not see theirs, as on a real cluster; the rest is this machine's filesystem
+(python3, the lab users, tests/fakes). slurmstepd and the job's processes inherit the node's
+namespaces, which is how `node_pids` and `teardown` find them (slurmstepd overwrites its
+environment with its title, so no marker variable survives there).
+
+The login node is any shell on this machine with SLURM_CONF set: the lab's sshds set it
+(SetEnv) and sudo keeps it (env_keep), so `ssh main srun ...` as mlsh works. The munge socket
+is usable by every user (its directory is o+x); slurmd runs as root (SlurmdUser) and starts the
+job's tasks as the submitting user.
+
+Each node has 8 GPUs as far as Slurm knows (GRES gpu, File= character devices under the
+cluster dir that are copies of /dev/null), so `--gpus-per-node=N` is accepted and sets
+CUDA_VISIBLE_DEVICES. Partitions: `debug` (default) and `gpu`, both over all nodes.
+
+Recipes and timings: notes/test-infra.md beside DESIGN.md, section "Slurm".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .util import LabError, all_pids, cmdline, free_port, ns_of, run, state_of, wait_until
+
+NODES = ("n1", "n2", "n3", "n4")
+PARTITIONS = ("debug", "gpu")  # debug is the default partition
+CPUS_PER_NODE = 4              # more than the machine has (config_overrides): room for parallel steps
+GPUS_PER_NODE = 8
+PROGRAMS = ["munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "scancel", "sinfo",
+            "scontrol", "unshare", "mount", "hostname"]
+PACKAGES = "slurmctld slurmd slurm-client munge"
+
+# run by `unshare --uts --mount` as `sh -c NODE_SH sh NODE ROOT ROOT_IN_TMP NODE_TMP slurmd ...`
+NODE_SH = ('set -e; hostname "$1"; if [ -n "$2" ]; then mount --bind "$2" "$3"; fi; '
+           'mount --rbind "$4" /tmp; shift 4; exec "$@"')
+
+
+class SlurmCluster:
+    """munged + slurmctld + one slurmd per node, all under `dir`. See the module docstring.
+
+    conf (slurm.conf; export it as SLURM_CONF), env ({"SLURM_CONF": ...}), nodes, partitions,
+    ctld_port, node_ports {node: port}, munge_socket, log_dir (one log per daemon, *.out is
+    its stderr), gpus_per_node (0 when the GPU devices could not be made), timings, mnt_ns
+    {node: "mnt:[inode]"} of the node's current slurmd.
+    """
+
+    def __init__(self, dir: Path, visible_root: Optional[Path] = None, nodes=NODES):
+        self.dir = Path(dir)
+        self.visible_root = Path(visible_root) if visible_root else None
+        self.nodes = tuple(nodes)
+        self.partitions = PARTITIONS
+        self.ctld_port = 0
+        self.node_ports: Dict[str, int] = {}
+        self.gpus_per_node = 0
+        self.timings: Dict[str, float] = {}
+        self.mnt_ns: Dict[str, str] = {}
+        self._dead_ns: List[str] = []  # namespaces of replaced slurmds, for teardown
+        self._munged: Optional[subprocess.Popen] = None
+        self._ctld: Optional[subprocess.Popen] = None
+        self._slurmd: Dict[str, subprocess.Popen] = {}
+        self._killed: set = set()  # nodes whose slurmd stop_node killed on purpose
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.dir / "munge" / "munge.socket"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "log"
+
+    def node_tmp_dir(self, node: str) -> Path:
+        """The directory that is /tmp on `node` (seen from the login node, i.e. this machine)."""
+        return self.dir / "nodes" / node / "tmp"
+
+    def _root_in_tmp(self) -> Optional[Path]:
+        """visible_root relative to /tmp, when it lies below /tmp (then it is bound on the nodes)."""
+        if self.visible_root is None:
+            return None
+        try:
+            rel = self.visible_root.resolve().relative_to("/tmp")
+        except ValueError:
+            return None
+        return rel if rel.parts else None
+
+    # ------------------------------------------------------------------ setup
+
+    def prepare(self) -> None:
+        """Directories (state and spool emptied: a fresh cluster), munge key, GPU device
+        files; the configs come with start()."""
+        for d in (self.dir / "state", self.dir / "spool"):
+            shutil.rmtree(d, ignore_errors=True)
+        for d in (self.dir, self.dir / "munge", self.dir / "state", self.dir / "spool",
+                  self.log_dir, self.dir / "dev"):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+            os.chmod(d, 0o755)  # munged refuses a group/world-writable socket dir; o+x: users reach it
+        key = self.dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        rel = self._root_in_tmp()
+        for node in self.nodes:
+            t = self.node_tmp_dir(node)
+            t.mkdir(parents=True, exist_ok=True)
+            os.chmod(t, 0o1777)
+            (self.dir / "spool" / node).mkdir(mode=0o755, exist_ok=True)
+            if rel:
+                (t / rel).mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            for i in range(GPUS_PER_NODE):
+                p = self.dir / "dev" / f"nvidia{i}"
+                if not p.exists():
+                    os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null
+            self.gpus_per_node = GPUS_PER_NODE
+        except OSError:
+            self.gpus_per_node = 0
+
+    def write_config(self) -> None:
+        d = self.dir
+        gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
+        lines = [
+            "# mldiag test lab (tests/lab/slurm.py)",
+            "ClusterName=mldiaglab",
+            "SlurmctldHost=localhost",
+            f"SlurmctldPort={self.ctld_port}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={d}/spool/%n",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/spool/%n.pid",
+            f"SlurmctldLogFile={self.log_dir}/slurmctld.log",
+            f"SlurmdLogFile={self.log_dir}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "KillWait=2",
+            "MinJobAge=10",
+            "MessageTimeout=5",
+        ]
+        if self.gpus_per_node:
+            lines.append("GresTypes=gpu")
+        for node in self.nodes:
+            lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                         f"Port={self.node_ports[node]} CPUs={CPUS_PER_NODE} RealMemory=1000{gres}")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        lines.append("PartitionName=gpu Nodes=ALL Default=NO MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        os.chmod(self.conf, 0o644)
+        gres_conf = self.dir / "gres.conf"
+        if self.gpus_per_node:
+            gres_conf.write_text(f"NodeName={','.join(self.nodes)} Name=gpu "
+                                 f"File={self.dir}/dev/nvidia[0-{self.gpus_per_node - 1}]\n")
+        elif gres_conf.exists():
+            gres_conf.unlink()
+
+    def _pick_ports(self) -> None:
+        ports: set = set()
+        while len(ports) < 1 + len(self.nodes):  # slurmctld and slurmd bind every address
+            ports.add(free_port("0.0.0.0"))
+        ports_l = sorted(ports)
+        self.ctld_port = ports_l[0]
+        self.node_ports = dict(zip(self.nodes, ports_l[1:]))
+
+    # ------------------------------------------------------------------ processes
+
+    def _spawn(self, argv: List[str], name: str) -> subprocess.Popen:
+        with open(self.log_dir / f"{name}.out", "ab") as out:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env={**os.environ, **self.env})
+
+    def _output(self, name: str) -> str:
+        try:
+            return (self.log_dir / f"{name}.out").read_text(errors="replace").strip()[-1500:]
+        except FileNotFoundError:
+            return ""
+
+    def _check_alive(self) -> None:
+        procs = [("munged", self._munged), ("slurmctld", self._ctld),
+                 *((f"slurmd-{n}", p) for n, p in self._slurmd.items() if n not in self._killed)]
+        for name, p in procs:
+            if p is not None and p.poll() is not None:
+                raise LabError(f"{name} exited {p.returncode}: {self._output(name)}")
+
+    def _start_munged(self) -> None:
+        d = self.dir
+        self._munged = self._spawn(["munged", "-F", f"--key-file={d}/munge.key",
+                                    f"--socket={self.munge_socket}", f"--pid-file={d}/munge/munged.pid",
+                                    f"--log-file={self.log_dir}/munged.log", f"--seed-file={d}/munge/seed"],
+                                   "munged")
+
+        def up():
+            self._check_alive()
+            return self.munge_socket.exists()
+
+        wait_until(up, 10, "munged's socket")
+
+    def _start_node(self, node: str) -> None:
+        rel = self._root_in_tmp()
+        root_args = [str(self.visible_root), str(self.node_tmp_dir(node) / rel)] if rel else ["", ""]
+        argv = ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_SH, "sh",
+                node, *root_args, str(self.node_tmp_dir(node)),
+                "slurmd", "-D", "-N", node, "-f", str(self.conf)]
+        old = self._slurmd.get(node)
+        if old is not None:
+            old.poll()
+            if node in self.mnt_ns:
+                self._dead_ns.append(self.mnt_ns.pop(node))
+        p = self._slurmd[node] = self._spawn(argv, f"slurmd-{node}")
+        self._killed.discard(node)
+
+        def ns_ready():  # unshare execs sh, which execs slurmd: same PID, once in the new namespace
+            self._check_alive()
+            ns = ns_of(p.pid, "mnt")
+            return ns if ns and ns != ns_of(os.getpid(), "mnt") and _comm(p.pid) == "slurmd" else None
+
+        self.mnt_ns[node] = wait_until(ns_ready, 10, f"slurmd {node} to start")
+
+    def cmd(self, *argv: str, check: bool = False, timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a Slurm client (scontrol, sinfo, squeue, ...) here as root, with this SLURM_CONF."""
+        return run(list(argv), check=check, timeout=timeout, env={**os.environ, **self.env})
+
+    def node_states(self) -> Dict[str, str]:
+        """{node: sinfo's compact state} (idle, mix, alloc, comp, down*, drain, idle*, ...)."""
+        out = self.cmd("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t").stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+    def wait_idle(self, nodes=None, timeout: float = 30, states=("idle",)) -> None:
+        """Wait until each of `nodes` (default: all) is in one of `states` (sinfo's %t)."""
+        nodes = list(nodes or self.nodes)
+        seen: Dict[str, str] = {}
+
+        def ready():
+            self._check_alive()
+            seen.clear()
+            seen.update(self.node_states())
+            return all(seen.get(n) in states for n in nodes)
+
+        try:
+            wait_until(ready, timeout, f"nodes {','.join(nodes)} to be {'/'.join(states)}", interval=0.05)
+        except LabError as e:
+            raise LabError(f"{e} (sinfo: {seen})") from None
+
+    def start(self, timeout: float = 30) -> None:
+        """Start munged, slurmctld and the slurmds; return when every node is idle."""
+        self.prepare()
+        for attempt in range(3):
+            self._pick_ports()
+            self.write_config()
+            try:
+                self._start(timeout)
+                return
+            except LabError as e:
+                if "Address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.stop()
+
+    def _start(self, timeout: float) -> None:
+        t = time.monotonic()
+        if self._munged is None or self._munged.poll() is not None:
+            self._start_munged()
+        self.timings["munged"] = round(time.monotonic() - t, 3)
+        t = time.monotonic()
+        self._ctld = self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+
+        def ctld_up():
+            self._check_alive()
+            return "UP" in self.cmd("scontrol", "ping", timeout=10).stdout
+
+        wait_until(ctld_up, timeout, "slurmctld to answer `scontrol ping`", interval=0.05)
+        self.timings["slurmctld"] = round(time.monotonic() - t, 3)
+        t = time.monotonic()
+        for node in self.nodes:
+            self._start_node(node)
+        self.wait_idle(timeout=timeout)
+        self.timings["slurmd"] = round(time.monotonic() - t, 3)
+
+    # ------------------------------------------------------------------ faults
+
+    def node_pid(self, node: str) -> Optional[int]:
+        """PID of `node`'s slurmd, None when it is not running (killed)."""
+        p = self._slurmd.get(node)
+        return p.pid if p is not None and p.poll() is None else None
+
+    def stop_node(self, node: str, sig: int = signal.SIGSTOP) -> None:
+        """SIGSTOP (default: a hung node) or SIGKILL (a dead one) `node`'s slurmd. Steps already
+        running there go on (their slurmstepd is a separate process)."""
+        pid = self.node_pid(node)
+        if pid is None:
+            raise LabError(f"slurmd {node} is not running")
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self._killed.add(node)
+        os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            self._slurmd[node].wait(timeout=10)
+
+    def start_node(self, node: str, timeout: float = 30) -> None:
+        """Undo stop_node: SIGCONT a stopped slurmd or start a new one (same /tmp dir, a new
+        namespace), then wait until the node is usable again: idle, or mix/alloc inside an
+        allocation (resuming it if still DOWN)."""
+        pid = self.node_pid(node)
+        if pid is not None and state_of(pid) in ("T", "t"):
+            os.kill(pid, signal.SIGCONT)
+        elif pid is None:
+            self._start_node(node)
+        usable = ("idle", "mix", "alloc")  # mix/alloc: inside a job's allocation
+        # NOTE: a job whose kill request timed out while the slurmd was stopped leaves the node
+        # COMPLETING (comp*) until slurmctld retries, up to ~90 s later; `scontrol reconfigure`
+        # makes every slurmd register again, which ends it at once. ReturnToService=2 does not
+        # undo a drain: RESUME does.
+        for kick in (None, ["scontrol", "reconfigure"],
+                     ["scontrol", "update", f"NodeName={node}", "State=RESUME"]):
+            if kick:
+                self.cmd(*kick)
+            try:
+                self.wait_idle([node], timeout=1.0 if kick is None else 5.0, states=usable)
+                return
+            except LabError:
+                pass
+        self.wait_idle([node], timeout=timeout, states=usable)
+
+    # ------------------------------------------------------------------ inspection
+
+    def node_pids(self, node: str, include_slurmd: bool = False) -> List[int]:
+        """Host PIDs of the live processes on `node` (its mount namespace): slurmstepd and the
+        tasks, and its slurmd when include_slurmd."""
+        ns = self.mnt_ns.get(node)
+        if not ns:
+            return []
+        daemon = self.node_pid(node)
+        return sorted(p for p in all_pids() if ns_of(p, "mnt") == ns
+                      and (include_slurmd or p != daemon) and state_of(p) not in (None, "Z"))
+
+    def node_tmp(self, node: str) -> List[str]:
+        """Sorted entries of /tmp on `node` (the lab root's mount point left out)."""
+        rel = self._root_in_tmp()
+        hidden = rel.parts[0] if rel else None
+        return sorted(e for e in os.listdir(self.node_tmp_dir(node)) if e != hidden)
+
+    # ------------------------------------------------------------------ teardown
+
+    def state(self) -> dict:
+        return {"dir": str(self.dir), "mnt_ns": sorted({*self.mnt_ns.values(), *self._dead_ns})}
+
+    def stop(self) -> None:
+        teardown(self.state())
+        for p in [self._munged, self._ctld, *self._slurmd.values()]:
+            if p is not None:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        self._munged = self._ctld = None
+        self._slurmd.clear()
+        self._killed.clear()
+        self._dead_ns.clear()
+        self.mnt_ns.clear()
+
+
+def _comm(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def teardown(state: dict, timeout: float = 5) -> None:
+    """SIGKILL every process of the cluster described by `state` (SlurmCluster.state()): the
+    daemons (their command lines name its dir) and everything in its nodes' mount namespaces
+    (slurmstepd, tasks), a namespace counting only while its mounts show this cluster's node
+    /tmp (an inode number can be reused once a namespace is gone). Nothing to unmount: the
+    node mounts die with their namespaces. Never raises: it also cleans up after a crashed
+    session."""
+    d = state["dir"].rstrip("/") + "/"
+    marker = "/".join(Path(d).parts[-2:]) + "/nodes/"  # session-SID/slurm/nodes/: in /tmp's mount root
+    namespaces = set(state.get("mnt_ns") or [])
+    me = os.getpid()
+
+    def ours() -> List[int]:
+        out, verdict = [], {}
+        for p in all_pids():
+            if p == me or state_of(p) in (None, "Z"):
+                continue
+            ns = ns_of(p, "mnt") if namespaces else None
+            if ns in namespaces:
+                if ns not in verdict:
+                    verdict[ns] = marker in _read_text(f"/proc/{p}/mountinfo")
+                if verdict[ns]:
+                    out.append(p)
+                    continue
+            if d in " ".join(cmdline(p) or []):
+                out.append(p)
+        return out
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = ours()
+        if not pids:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
