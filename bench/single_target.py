@@ -17,32 +17,21 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import PROBE as SCRIPT, REPO, BenchError, bytecode_env, timed as _timed  # noqa: E402
 from tests.lab import Lab  # noqa: E402
-
-SCRIPT = """import json, platform, socket, sys
-print(json.dumps({"python": platform.python_version(), "host": socket.gethostname(), "argv": sys.argv[1:]}))
-"""
 
 
 def timed(argv, stdin_path=None, env=None, cwd=None):
-    stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, cwd=cwd)
-    elapsed = time.perf_counter() - t0
-    if stdin_path:
-        stdin.close()
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[:3]}... failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
-    return elapsed
+    try:
+        return _timed(argv, stdin_path, env, cwd).wall
+    except BenchError as e:
+        raise SystemExit(str(e))
 
 
 def main():
@@ -62,7 +51,8 @@ def main():
         hosts = os.path.join(work, "hosts.yaml")
         with open(hosts, "w") as f:
             f.write("hosts:\n  main: {}\n")
-        env = dict(os.environ, MLDIAG_SSH_CONFIG=cfg, MLDIAG_HOSTS_FILE=hosts)
+        env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=cfg, MLDIAG_HOSTS_FILE=hosts),
+                           Path(work) / "pycache")
         bindir = os.path.dirname(sys.executable)
         mldiag = shutil.which("mldiag", path=bindir) or "mldiag"
         inv = shutil.which("inv", path=bindir) or "inv"

@@ -165,11 +165,8 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     if opts.json:
         render.render_json(results, out)
     else:
-        render.render_table(results, out)
-        if opts.diff:
-            render_diff(results, out)
-        elif after_table:
-            after_table(results, out)
+        details = render_diff if opts.diff else after_table
+        render.render_table(results, out, details=details)
     out.flush()
     code = exit_code(results)
     if code:

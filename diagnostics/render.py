@@ -8,7 +8,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
@@ -261,8 +261,10 @@ def _columns(rows: Sequence[Sequence[str]], paint: Optional[Sequence[str]] = Non
     return out
 
 
-def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
-    """Header, one row per folded group with its findings/error under it, blank, summary."""
+def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = False,
+                 details: Optional[Callable[[Sequence[Result], TextIO], None]] = None) -> None:
+    """Header, one row per folded group with its findings/error under it, then ``details``
+    (a task's own view, e.g. per-GPU rows), blank, summary."""
     results = list(results)
     groups = fold(results)
     if not groups:
@@ -278,8 +280,10 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
             lines.extend(_finding_lines(f, color))
         if group.first.error is not None:
             lines.extend(_error_lines(group, color))
-    lines += ["", summary_line(results)]
     _emit(stream, "\n".join(lines) + "\n")
+    if details:
+        details(results, stream)
+    _emit(stream, "\n" + summary_line(results) + "\n")
 
 
 def summary_line(results: Iterable[Result]) -> str:
@@ -338,3 +342,51 @@ def render_hosts(rows: Iterable[Tuple[str, str]], stream: TextIO) -> None:
         _emit(stream, "no targets\n")
         return
     _emit(stream, "\n".join(_columns([("TARGET", "CHAIN")] + body)) + "\n")
+
+
+# ----------------------------------------------------------------------------- gpu-status
+
+GPU_ROWS_LIMIT = 64   # beyond this many GPUs the per-GPU table is left to --json
+
+
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def gpu_rows(results: Sequence[Result]) -> List[Tuple[str, ...]]:
+    """One row per GPU of every gpu-status result that has ``data.gpus``."""
+    rows = []
+    for r in results:
+        for g in (r.data or {}).get("gpus") or []:
+            if not isinstance(g, dict):
+                continue
+            if g.get("error"):
+                rows.append((r.target, _num(g.get("index"), "{}"), "error: " + str(g["error"]),
+                             "", "", "", "", ""))
+                continue
+            used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
+            memory = "-" if total is None else f"{_num(None if used is None else used / 1024, '{:.1f}')}/{total / 1024:.0f} GiB"
+            power = "-" if g.get("power_draw_w") is None else (
+                f"{g['power_draw_w']:.0f}/{_num(g.get('power_limit_w'))} W")
+            reasons = (g.get("clocks_event_reasons") or {}).get("names") or []
+            reasons = [n for n in reasons if n != "gpu_idle"]
+            rows.append((r.target, _num(g.get("index"), "{}"), str(g.get("name") or "-"), memory,
+                         _num(g.get("utilization_gpu_pct"), "{:.0f}%"),
+                         _num(g.get("temperature_c"), "{:.0f} C"), power,
+                         ",".join(reasons) or "-"))
+    return rows
+
+
+def render_gpus(results: Sequence[Result], stream: TextIO) -> None:
+    """gpu-status's per-GPU view, after the folded table (skipped past GPU_ROWS_LIMIT rows)."""
+    rows = gpu_rows(results)
+    if not rows:
+        return
+    if len(rows) > GPU_ROWS_LIMIT:
+        stream.write(f"\n({len(rows)} GPUs: per-GPU rows are in --json)\n")
+        return
+    header = ("TARGET", "GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "CLOCK EVENTS")
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    stream.write("\n")
+    for row in [header] + rows:
+        stream.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")

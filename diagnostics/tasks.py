@@ -5,7 +5,7 @@ import os
 
 from invoke import Collection, Exit, Task, task
 
-from . import bundle, cli
+from . import bundle, cli, render
 from .topology import Target
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
@@ -89,7 +89,7 @@ def gpu_status(c, host=None, group=None, hosts_file=None, json=False, save=None,
         argv = ["--expect-gpus", str(target.gpus)] if target.gpus is not None else []
         return bundle.script_job("gpu-status", argv)
 
-    cli.execute(opts, job)
+    cli.execute(opts, job, after_table=render.render_gpus)
 
 
 def _model_argv(target: Target, model):

@@ -297,3 +297,23 @@ cluster-a:n3  ssh root@login.cluster-a → srun -w n3 → python3
     empty = io.StringIO()
     render_hosts([], empty)
     assert empty.getvalue() == "no targets\n"
+
+
+def test_gpu_rows_table_literal():
+    from diagnostics.render import render_gpus
+    gpu = {"index": 3, "name": "NVIDIA H200", "memory_used_mib": 72704, "memory_total_mib": 143771,
+           "utilization_gpu_pct": 97, "temperature_c": 28, "power_draw_w": 77.71, "power_limit_w": 700.0,
+           "clocks_event_reasons": {"names": ["gpu_idle", "sw_power_cap"]}}
+    idle = dict(gpu, index=0, memory_used_mib=0, utilization_gpu_pct=0, temperature_c=None,
+                clocks_event_reasons={"names": ["gpu_idle"]})
+    results = [Result("gpu-status", "b200", "ok", "s", data={"gpus": [idle, gpu]}),
+               Result("gpu-status", "gone", "error", "s"),
+               Result("gpu-status", "odd", "warn", "s", data={"gpus": [{"index": 1, "error": "bad row"}]})]
+    out = io.StringIO()
+    render_gpus(results, out)
+    assert out.getvalue() == (
+        "\n"
+        "TARGET  GPU  NAME            MEMORY        UTIL  TEMP  POWER     CLOCK EVENTS\n"
+        "b200    0    NVIDIA H200     0.0/140 GiB   0%    -     78/700 W  -\n"
+        "b200    3    NVIDIA H200     71.0/140 GiB  97%   28 C  78/700 W  sw_power_cap\n"
+        "odd     1    error: bad row\n")

@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""Fleet bench: mldiag next to OpenSSH and Ansible on 1/8/32 loopback targets and 8 containers.
+
+Whole-process wall time, every reference measured in the same run.
+
+    .venv/bin/python bench/fleet.py [--runs 5] [--sizes 1,8,32] [--quick]    (as root)
+
+Starts the test lab (tests/lab) and, beside it, real sshds serving targets t01..t64 on
+127.0.0.101.. (16 ListenAddress per sshd; user mlsh, /bin/sh login shell, the lab's PATH with the
+fake nvidia-smi; MaxSessions 100, MaxStartups 200:30:400). Per size N it times, alternating so
+machine drift hits every command alike:
+  ssh                 N=1: ssh -F CFG t01 python3 - < probe.py; N>1: one `ssh ... &` per target, wait
+  ssh-c25519          the same with -o KexAlgorithms=curve25519-sha256
+  ansible             ansible -i INV all -m script -a probe.py -f N (its own venv: bench/.venv-ansible)
+  mldiag run-script   mldiag run-script probe.py -H t01,...
+  mldiag gpu-status   mldiag gpu-status -H t01,...
+and, for 8 containers on one host (the lab's CT 200 behind `main`, `become: sudo`, `runtime: pct`,
+eight entries with the same id), the two mldiag commands next to 8 parallel
+`ssh main sudo -n pct exec 200 -- /root/venv/bin/python - < probe.py`, counting the SSH
+connections each run opens (the sshd's LogLevel VERBOSE log). At 64 targets it reports the peak
+RSS of the mldiag process. Prints one table: medians, minimums, ratios against the references,
+the command tree's CPU time, the server side's CPU time (the sshd listeners' reaped children),
+the rest of the machine's CPU time meanwhile, and connections per run. A full run takes about
+9 minutes on 2 cores; it stops by itself and tears everything down, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (PROBE, REPO, BenchError, ConnectionCounter, Sample, bytecode_env,  # noqa: E402
+                    children_cpu, fleet_files, kill_current, load_avg, machine_busy, process_cpu,
+                    start_fleet, timed)
+from tests.lab import Lab  # noqa: E402
+from tests.lab.util import (LabError, LabUnavailable, all_pids, cmdline, kill_all,  # noqa: E402
+                           ppid_of)
+
+ANSIBLE_VENV = Path(__file__).resolve().parent / ".venv-ansible"
+CT_VENV_PYTHON = "/root/venv/bin/python"
+C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
+REFS = ("ssh", "ssh-c25519", "ansible")
+# DESIGN.md §7: (size, reference) -> the ratio goal for mldiag's rows
+GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1, ("32", "ansible"): 0.25}
+
+
+@dataclass
+class Case:
+    size: str                      # "1", "8", "32", "64", "8 CTs"
+    name: str
+    argv: List[str]
+    stdin: Optional[str] = None
+    env: Optional[Dict[str, str]] = None
+    prepare: Optional[Callable[[Dict[str, str]], Dict[str, str]]] = None   # per-run env
+    after: Optional[Callable[[], float]] = None    # returns CPU seconds to add (detached helpers)
+    check: Optional[Callable[[Sample], None]] = None                       # warm-up validation
+    samples: List[Sample] = field(default_factory=list)
+    server_cpu: List[float] = field(default_factory=list)
+    conns: List[int] = field(default_factory=list)
+    other_cpu: List[float] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- ansible
+
+def ensure_ansible() -> Path:
+    """bench/.venv-ansible with ansible-core, made on first use (never the project's venv)."""
+    ansible = ANSIBLE_VENV / "bin" / "ansible"
+    if ansible.exists():
+        return ansible
+    print(f"creating {ANSIBLE_VENV} with ansible-core (first run only) ...", flush=True)
+    base = getattr(sys, "_base_executable", None) or shutil.which("python3")
+    try:
+        subprocess.run([base, "-m", "venv", str(ANSIBLE_VENV)], check=True)
+        subprocess.run([str(ANSIBLE_VENV / "bin" / "pip"), "install", "-q", "ansible-core"], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BenchError(f"could not install ansible-core into {ANSIBLE_VENV} ({e}); "
+                         "fix that or run with --no-ansible")
+    return ansible
+
+
+class AnsibleRuns:
+    """Each run gets a fresh ControlPath directory (cold, like the other commands) with
+    ansible's default ssh_args kept (-C, ControlMaster=auto, ControlPersist=60s) and `-F CFG`
+    added; after a run its persisting masters are ended (outside the timing)."""
+
+    def __init__(self, work: Path, cfg: Path):
+        self.root = work / "ansible"
+        self.root.mkdir()
+        (self.root / "ansible.cfg").write_text("[defaults]\n")
+        self.n = 0
+        self.env = {
+            "ANSIBLE_CONFIG": str(self.root / "ansible.cfg"),   # no ./ansible.cfg or ~/.ansible.cfg
+            "ANSIBLE_HOME": str(self.root / "home"),
+            "ANSIBLE_LOCAL_TEMP": str(self.root / "tmp"),
+            "ANSIBLE_SSH_ARGS": f"-F {cfg} -C -o ControlMaster=auto -o ControlPersist=60s",
+            "ANSIBLE_HOST_KEY_CHECKING": "True",                # known_hosts from CFG, as ssh does
+            "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_SYSTEM_WARNINGS": "False",
+        }
+        self.current: Optional[Path] = None
+
+    def prepare(self, env: Dict[str, str]) -> Dict[str, str]:
+        self.n += 1
+        self.current = self.root / f"cp{self.n}"
+        self.current.mkdir()
+        return dict(env, ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.current))
+
+    def after(self) -> float:
+        """End the ControlPersist masters of the last run (found by their ControlPath); returns
+        the CPU time they used (they are detached: os.wait4 of ansible does not count them)."""
+        if self.current is None:
+            return 0.0
+        mark = str(self.current)
+        me = os.getpid()
+        masters = [p for p in all_pids() if p != me and mark in " ".join(cmdline(p) or [])]
+        cpu = sum(process_cpu(p) for p in masters)
+        kill_all(masters)
+        return cpu
+
+
+def inventory(work: Path, aliases: List[str], name: str) -> Path:
+    p = work / f"inventory-{name}.ini"
+    p.write_text("[all]\n" + "".join(f"{a}\n" for a in aliases))
+    return p
+
+
+# ---------------------------------------------------------------------------- cases
+
+def ssh_loop(cfg: Path, hosts: List[str], remote: List[str], probe: Path, outdir: Path,
+             extra: List[str]) -> List[str]:
+    """bash: one `ssh HOST REMOTE < probe > OUTDIR/I &` per host, then wait for each; exit 1 if
+    any failed."""
+    ssh = shlex.join(["ssh", "-F", str(cfg), *extra])
+    lines = ['pids=""']
+    for i, h in enumerate(hosts):
+        lines.append(f"{ssh} {shlex.quote(h)} {shlex.join(remote)} < {shlex.quote(str(probe))} "
+                     f"> {shlex.quote(str(outdir / str(i)))} 2>&1 & pids=\"$pids $!\"")
+    lines.append('rc=0; for p in $pids; do wait "$p" || rc=1; done; exit $rc')
+    return ["bash", "-c", "\n".join(lines)]
+
+
+def check_json_files(outdir: Path, hosts: List[str]):
+    """Each ssh of the loop printed the probe's JSON line."""
+    def check(_sample: Sample) -> None:
+        for i, h in enumerate(hosts):
+            text = (outdir / str(i)).read_text()
+            try:
+                json.loads(text.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise BenchError(f"ssh loop: {h} answered {text[-300:]!r}")
+    return check
+
+
+def check_all_ok(names: List[str]):
+    """mldiag's summary line says every target answered ok (e.g. `8 ok`)."""
+    def check(sample: Sample) -> None:
+        out = sample.stdout.decode(errors="replace")
+        if not re.search(rf"(^|\n){len(names)} ok\s*$", out):
+            raise BenchError(f"mldiag did not report {len(names)} ok:\n{out[-800:]}")
+    return check
+
+
+def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, aliases: List[str],
+                ansible: Optional[Path], ansible_runs: Optional[AnsibleRuns], ct_names: List[str]):
+    bindir = Path(sys.executable).parent
+    mldiag = shutil.which("mldiag", path=str(bindir)) or "mldiag"
+    env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=str(cfg), MLDIAG_HOSTS_FILE=str(hosts_file)),
+                       work / "pycache")
+    cases: List[Case] = []
+
+    def mldiag_rows(size: str, names: List[str], only_gpu: bool = False):
+        hosts = ",".join(names)
+        if not only_gpu:
+            cases.append(Case(size, "mldiag run-script", [mldiag, "run-script", str(probe), "-H", hosts],
+                              env=env, check=check_all_ok(names)))
+        cases.append(Case(size, "mldiag gpu-status", [mldiag, "gpu-status", "-H", hosts], env=env,
+                          check=check_all_ok(names)))
+
+    for n in args.sizes:
+        size, names = str(n), aliases[:n]
+        outdir = work / "out" / size
+        outdir.mkdir(parents=True)
+        remote = ["python3", "-"]
+        if n == 1:
+            for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
+                cases.append(Case(size, name, ["ssh", "-F", str(cfg), *extra, names[0], *remote],
+                                  stdin=str(probe), env=env))
+        else:
+            for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
+                cases.append(Case(size, name, ssh_loop(cfg, names, remote, probe, outdir, extra),
+                                  env=env, check=check_json_files(outdir, names)))
+        if ansible:
+            inv = inventory(work, names, size)
+            cases.append(Case(size, "ansible", [str(ansible), "-i", str(inv), "all", "-m", "script",
+                                                "-a", str(probe), "-f", str(n)],
+                              env=dict(env, **ansible_runs.env), prepare=ansible_runs.prepare,
+                              after=ansible_runs.after))
+        mldiag_rows(size, names)
+
+    if ct_names:
+        size = f"{len(ct_names)} CTs"
+        outdir = work / "out" / "ct"
+        outdir.mkdir(parents=True)
+        remote = ["sudo", "-n", "pct", "exec", "200", "--", CT_VENV_PYTHON, "-"]
+        hosts = ["main"] * len(ct_names)
+        for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
+            cases.append(Case(size, name, ssh_loop(cfg, hosts, remote, probe, outdir, extra), env=env,
+                              check=check_json_files(outdir, hosts)))
+        mldiag_rows(size, ct_names)
+
+    if args.rss_targets:
+        size = str(args.rss_targets)
+        names = aliases[:args.rss_targets]
+        if not args.quick:
+            outdir = work / "out" / size
+            outdir.mkdir(parents=True)
+            cases.append(Case(size, "ssh-c25519", ssh_loop(cfg, names, ["python3", "-"], probe,
+                                                           outdir, C25519), env=env,
+                              check=check_json_files(outdir, names)))
+        mldiag_rows(size, names, only_gpu=args.quick)
+    return cases
+
+
+def hosts_yaml(aliases: List[str], ct_names: List[str]) -> str:
+    lines = ["# written by bench/fleet.py", "hosts:"]
+    lines += [f"  {a}: {{}}" for a in aliases]
+    if ct_names:
+        lines += ["  pve:", "    address: main", "    become: sudo", "    containers:"]
+        lines += [f'      {c}: {{runtime: pct, id: "200", python: {CT_VENV_PYTHON}}}' for c in ct_names]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- running
+
+def settle(servers, timeout: float = 5.0) -> None:
+    """Wait until no connection is left on the servers: a listener adds a connection's CPU time
+    (sshd and all it ran) to its own count only when it reaps that connection's sshd."""
+    listeners = {s.pid for s in servers if s.pid}
+    deadline = time.monotonic() + timeout
+    while any(ppid_of(p) in listeners for p in all_pids()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = False) -> None:
+    listeners = [s.pid for s in servers if s.pid]
+    env = case.prepare(case.env) if case.prepare else case.env
+    counter.take()
+    cpu0 = children_cpu(listeners)
+    busy0 = machine_busy()
+    extra_cpu = 0.0
+    try:
+        sample = timed(case.argv, case.stdin, env, str(REPO))
+    finally:
+        if case.after:
+            extra_cpu = case.after()
+    sample.cpu += extra_cpu
+    busy = machine_busy() - busy0
+    settle(servers)
+    if check and case.check:
+        case.check(sample)
+    case.samples.append(sample)
+    case.server_cpu.append(children_cpu(listeners) - cpu0)
+    case.other_cpu.append(max(0.0, busy - sample.cpu - case.server_cpu[-1]))
+    case.conns.append(counter.take())
+
+
+def med(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
+    out = []
+    out.append(f"mldiag fleet bench: whole-process wall time, median of {args.runs} runs; "
+               f"{os.cpu_count()} CPUs; 1-min load average {loads[0]:.2f} before the bench, "
+               f"{min(loads[1:]):.2f}..{max(loads[1:]):.2f} after each round (the bench's own "
+               f"processes count there){lab_note}")
+    head = (f"{'size':<6} {'command':<18} {'median s':>8} {'min s':>7} {'× ssh':>6} {'× c25519':>8} "
+            f"{'× ansible':>9} {'cli CPU':>7} {'srv CPU':>7} {'oth CPU':>7} {'conns':>5} {'RSS MiB':>7}")
+    out += [head, "-" * len(head)]
+    by_size: Dict[str, Dict[str, Case]] = {}
+    for c in cases:
+        by_size.setdefault(c.size, {})[c.name] = c
+    for size, row in by_size.items():
+        refs = {r: med([s.wall for s in row[r].samples]) for r in REFS if r in row}
+        for c in row.values():
+            walls = [s.wall for s in c.samples]
+            m = med(walls)
+
+            def ratio(r):
+                return f"{m / refs[r]:.2f}" if r in refs and refs[r] > 0 else "-"
+            out.append(f"{size:<6} {c.name:<18} {m:8.3f} {min(walls):7.3f} {ratio('ssh'):>6} "
+                       f"{ratio('ssh-c25519'):>8} {ratio('ansible'):>9} "
+                       f"{med([s.cpu for s in c.samples]):7.2f} {med(c.server_cpu):7.2f} "
+                       f"{med(c.other_cpu):7.2f} {int(med(c.conns)):>5} "
+                       f"{max(s.maxrss_kb for s in c.samples) / 1024:7.1f}")
+    out.append("")
+    out.append("CPU columns are seconds, medians. cli: user+sys of the command's process tree "
+               "(os.wait4; ansible: + its ControlPersist masters); srv: what the sshd listeners' "
+               "finished connections used (sshd, shell, sudo/pct, python); oth: the rest of the "
+               "machine meanwhile (other sessions, kernel). conns: SSH connections accepted per "
+               "run. RSS: peak of the largest single process of the tree.")
+    walls = sum(s.wall for c in cases for s in c.samples)
+    others = sum(sum(c.other_cpu) for c in cases)
+    out.append(f"Other work used {others / walls:.2f} of the {os.cpu_count()} CPUs on average during "
+               f"the timed commands.")
+    goals = []
+    for (size, ref), goal in GOALS.items():
+        row = by_size.get(size, {})
+        if ref not in row:
+            continue
+        refm = med([s.wall for s in row[ref].samples])
+        for name in ("mldiag gpu-status", "mldiag run-script"):
+            if name in row:
+                r = med([s.wall for s in row[name].samples]) / refm
+                goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<18} "
+                             f"{r:5.2f}× {ref:<10} (goal ≤ {goal}: {'met' if r <= goal else 'not met'})")
+    if goals:
+        out.append("DESIGN.md §7 goals:")
+        out += goals
+    for size, row in by_size.items():
+        if size.endswith("CTs"):
+            for name in ("mldiag run-script", "mldiag gpu-status"):
+                if name in row:
+                    counts = row[name].conns
+                    out.append(f"{size} on one host, {name}: SSH connections per run {counts} "
+                               f"(goal: exactly 1 -> {'met' if set(counts) == {1} else 'NOT met'}); "
+                               f"the ssh loop opens {int(med(row['ssh'].conns))}")
+    rss_size = str(args.rss_targets) if args.rss_targets else None
+    if rss_size and rss_size in by_size:
+        for name in ("mldiag gpu-status", "mldiag run-script"):
+            c = by_size[rss_size].get(name)
+            if c:
+                rss = [s.maxrss_kb / 1024 for s in c.samples]
+                out.append(f"peak RSS of the mldiag process at {rss_size} targets, {name}: "
+                           f"{max(rss):.1f} MiB (median {med(rss):.1f} MiB over {len(rss)} runs)")
+    return "\n".join(out)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap.add_argument("--runs", type=int, help="timed runs per command (default 5; --quick: 3)")
+    ap.add_argument("--sizes", default=None, help="target counts, comma list (default 1,8,32; --quick: 1,8)")
+    ap.add_argument("--containers", type=int, default=8, help="containers of one host (0: skip)")
+    ap.add_argument("--rss-targets", type=int, default=64, help="targets for the peak-RSS rows (0: skip)")
+    ap.add_argument("--no-ansible", action="store_true", help="skip the ansible reference")
+    ap.add_argument("--quick", action="store_true",
+                    help="3 runs, sizes 1,8, only gpu-status at the RSS size (2-3 minutes)")
+    ap.add_argument("--save", help="write every sample as JSON to this file")
+    args = ap.parse_args()
+    args.runs = args.runs or (3 if args.quick else 5)
+    sizes = args.sizes or ("1,8" if args.quick else "1,8,32")
+    args.sizes = sorted({int(s) for s in sizes.split(",") if s.strip()})
+    if args.runs < 1 or any(n < 1 for n in args.sizes):
+        ap.error("--runs and --sizes must be positive")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if os.geteuid() != 0:
+        print("bench/fleet.py needs root (the test lab makes users, sudoers, LXC)", file=sys.stderr)
+        return 2
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    # NOTE: explicit, also for SIGINT: a shell starts background jobs with SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_term)
+
+    t0 = time.monotonic()
+    loads = [os.getloadavg()[0]]
+    lab = ansible_runs = None
+    try:
+        ansible = None if args.no_ansible else ensure_ansible()
+        lab = Lab.start(strict=False)
+        work = Path(tempfile.mkdtemp(prefix="mldiag-fleet-", dir=lab.dir))
+        count = max(args.sizes + [args.rss_targets])
+        targets = start_fleet(lab, count)
+        aliases = [t.alias for t in targets]
+        ct_names = []
+        if args.containers:
+            if "lxc" in lab.unavailable:
+                print(f"(no container rows: LXC unavailable: {lab.unavailable['lxc']})", file=sys.stderr)
+            else:
+                ct_names = [f"ct{i + 1}" for i in range(args.containers)]
+        cfg = fleet_files(lab, targets, work)
+        probe = work / "probe.py"
+        probe.write_text(PROBE)
+        probe.chmod(0o755)
+        hosts_file = work / "hosts.yaml"
+        hosts_file.write_text(hosts_yaml(aliases, ct_names))
+        ansible_runs = AnsibleRuns(work, cfg) if ansible else None
+        cases = build_cases(args, work, cfg, hosts_file, probe, aliases, ansible, ansible_runs, ct_names)
+        servers = [s for s in lab.servers.values() if s.name.startswith("fleet") or s.name == "main"]
+        counter = ConnectionCounter(servers)
+        print(f"lab up in {lab.startup_s:.1f}s, {len(targets)} fleet targets on "
+              f"{sum(1 for s in servers if s.name.startswith('fleet'))} sshds; {len(cases)} commands "
+              f"x {args.runs} runs (+1 warm-up); load average {load_avg()}", file=sys.stderr, flush=True)
+        for c in cases:                          # warm-up: page cache, first `ssh -G`; checks output
+            run_case(c, servers, counter, check=True)
+            c.samples.clear(), c.server_cpu.clear(), c.conns.clear(), c.other_cpu.clear()
+        for r in range(args.runs):
+            order = cases[r % len(cases):] + cases[:r % len(cases)]   # rotate: no fixed neighbours
+            for c in order:
+                run_case(c, servers, counter)
+            loads.append(os.getloadavg()[0])
+            print(f"run {r + 1}/{args.runs} done ({time.monotonic() - t0:.0f}s, load {load_avg()})",
+                  file=sys.stderr, flush=True)
+        print(report(cases, args, loads, f"; lab: {', '.join(lab.unavailable) or 'complete'}"
+                                  .replace("; lab: complete", "")))
+        if args.save:
+            Path(args.save).write_text(json.dumps([
+                {"size": c.size, "command": c.name, "wall": [s.wall for s in c.samples],
+                 "cpu": [s.cpu for s in c.samples], "maxrss_kb": [s.maxrss_kb for s in c.samples],
+                 "server_cpu": c.server_cpu, "other_cpu": c.other_cpu, "conns": c.conns}
+                for c in cases], indent=1))
+        return 0
+    except KeyboardInterrupt:
+        kill_current()
+        print("\ninterrupted: cleaning up", file=sys.stderr)
+        return 130
+    except (BenchError, LabError, LabUnavailable) as e:
+        print(f"bench failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not skip the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if ansible_runs is not None:
+            ansible_runs.after()                        # an interrupted ansible run's masters
+        if lab is not None:
+            lab.close()                                 # the fleet sshds are in lab.servers
+        print(f"cleaned up ({time.monotonic() - t0:.0f}s in all)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
