@@ -100,15 +100,36 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
                     f.write(line)
 
 
+_known_hosts_cache: Dict[tuple, paramiko.HostKeys] = {}
+_known_hosts_lock = threading.Lock()
+
+
+def _known_hosts(paths: Sequence[str]) -> paramiko.HostKeys:
+    """The merged known_hosts of ``paths``, parsed once per process and file version (paramiko's
+    parse of hashed entries is costly; many targets share one file)."""
+    stamp = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        stamp.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+    key = tuple(stamp)
+    with _known_hosts_lock:
+        keys = _known_hosts_cache.get(key)
+        if keys is None:
+            keys = paramiko.HostKeys()
+            for path, *_ in stamp:
+                try:
+                    keys.load(path)
+                except (OSError, paramiko.SSHException):
+                    continue
+            _known_hosts_cache[key] = keys
+        return keys
+
+
 def _load_known_hosts(client: paramiko.SSHClient, ep: Endpoint) -> None:
-    keys = paramiko.HostKeys()
-    for path in ep.known_hosts + ep.global_known_hosts:
-        if os.path.isfile(path):
-            try:
-                keys.load(path)
-            except (OSError, paramiko.SSHException):
-                continue
-    client._system_host_keys = keys          # replaces what Fabric loaded from ~/.ssh
+    client._system_host_keys = _known_hosts(ep.known_hosts + ep.global_known_hosts)   # replaces Fabric's ~/.ssh load
     client._host_keys = paramiko.HostKeys()
     client.set_missing_host_key_policy(KnownHostsPolicy(ep))
 

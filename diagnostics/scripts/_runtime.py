@@ -25,7 +25,6 @@ import select
 import signal
 import sys
 import time
-import traceback
 
 FRAME_BEGIN = "@@MLDIAG-RESULT-BEGIN %s@@"
 FRAME_END = "@@MLDIAG-RESULT-END %s@@"
@@ -46,6 +45,7 @@ EXIT_ACTIVATE_FAILED = (96, 97, 98)
 # Our own files in the private temp dir; named so a user's script or --put file cannot clash.
 RUNTIME_FILE, HEADER_FILE, RESULT_FILE = ".mldiag-runtime.py", ".mldiag-header.json", ".mldiag-result.json"
 CHILD = [None]  # pid of the running diagnostic, for the hangup handler
+SUBREAPER = [False]  # whether orphaned descendants come back to us
 SIGNAL_NAMES = dict((getattr(signal, n), n) for n in dir(signal)
                     if n.startswith("SIG") and not n.startswith("SIG_") and isinstance(getattr(signal, n), int))
 
@@ -149,8 +149,22 @@ def reap_children():
     return statuses
 
 
+def no_children_left():
+    """True when this process has no child at all (reaping any that ended): as the subreaper,
+    every live descendant is below one of our children, so there is nothing to kill."""
+    try:
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return False
+    except ChildProcessError:
+        return True
+
+
 def kill_tree(child_pid, grace):
     """Kill the diagnostic and every descendant (setsid ones included); returns how many."""
+    if SUBREAPER[0] and no_children_left():   # the common case: skip scanning /proc
+        return 0
     me = os.getpid()
     victims = set(descendants(me))
     if not os.path.isdir("/proc"):  # no /proc: the process group is the best we have
@@ -209,6 +223,7 @@ def _install_log_capture(records):
 
 def describe_exception(exc):
     """type, message and traceback — never an empty message (``repr`` stands in)."""
+    import traceback
     message = str(exc)
     if not message.strip():
         message = repr(exc)
@@ -347,6 +362,7 @@ def start_child(header, tmpdir, out_w, err_w, close_fds):
         run_child(header, tmpdir)
     except BaseException:
         try:
+            import traceback
             traceback.print_exc()
         finally:
             os._exit(127)
@@ -557,7 +573,7 @@ def main(stdin):
                 fd = os.open(os.path.join(tmpdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
-        set_subreaper()
+        SUBREAPER[0] = set_subreaper()
         run = supervise(header, tmpdir, stdin.fileno())
         result = compose(header, run, started)
         if run["ended"] == "client-gone":
