@@ -3,12 +3,12 @@
 It arrives on the target through the exec channel's stdin, after a fixed one-line bootstrap
 (``python3 -c BOOT``, see ``diagnostics/bundle.py``), so nothing but that constant ever crosses a
 shell.  Wire format after the bootstrap, each part preceded by its byte length and a newline:
-``stage A`` (version guard) · this file · header JSON · zip archive of the diagnostic and any
+``stage A`` (version guard) · this file · header JSON · the diagnostic and any
 extra files.  The channel's stdin then stays open: when it closes (the client went away or the
 user pressed Ctrl-C), every process of the diagnostic is killed.
 
 What it guarantees (DESIGN.md §3 invariants 3 and 5):
-- a private ``mkdtemp`` directory (0700, files 0600), removed in every outcome unless ``keep``;
+- a private temp directory (0700, files 0600), removed in every outcome unless ``keep``;
 - the diagnostic runs as a child in its own process group; this process is its subreaper
   (``PR_SET_CHILD_SUBREAPER``), so descendants that call ``setsid()`` still come back to us and
   are killed when the diagnostic ends, times out, or the client goes away;
@@ -292,21 +292,40 @@ def run_child(header, tmpdir):
 # ----------------------------------------------------------------------------- parent side
 
 
-def _extract(blob, tmpdir):
-    import io
-    import zipfile
-    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        for info in zf.infolist():
-            name = info.filename
-            if name.startswith("/") or ".." in name.split("/"):
-                raise ValueError("unsafe name in bundle: %r" % name)
-            dest = os.path.join(tmpdir, name)
-            parent = os.path.dirname(dest)
-            if not os.path.isdir(parent):
-                os.makedirs(parent, 0o700)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(zf.read(info))
+def _extract(blob, files, tmpdir):
+    """Write the bundle's files (names and sizes from the header) into tmpdir, mode 0600."""
+    offset = 0
+    for name, size in files:
+        if name.startswith("/") or ".." in name.split("/") or not name:
+            raise ValueError("unsafe name in bundle: %r" % name)
+        dest = os.path.join(tmpdir, name)
+        parent = os.path.dirname(dest)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, 0o700)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob[offset:offset + size])
+        offset += size
+    if offset != len(blob):
+        raise ValueError("bundle size mismatch: %d bytes listed, %d received" % (offset, len(blob)))
+
+
+def make_private_dir(parent=None):
+    """mkdtemp without the tempfile module (its import costs every target): 0700, random name."""
+    roots = [parent] if parent else [os.environ.get("TMPDIR"), "/tmp", "/var/tmp", os.getcwd()]
+    error = None
+    for root in [r for r in roots if r]:
+        for _ in range(5):
+            path = os.path.join(root, "mldiag-" + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                error = exc
+                break
+    raise error or OSError("no writable temp directory")
 
 
 def _spawn_argv(header, tmpdir):
@@ -554,7 +573,6 @@ def _remove_tree(path):
 
 def main(stdin):
     """Entry from the bootstrap: ``stdin`` is the binary stdin positioned after this file."""
-    import tempfile
     started = time.time()
     header = json.loads(_read_exact(stdin, int(stdin.readline())).decode("utf-8"))
     blob = _read_exact(stdin, int(stdin.readline()))
@@ -565,8 +583,8 @@ def main(stdin):
         signal.signal(sig, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        tmpdir = tempfile.mkdtemp(prefix="mldiag-", dir=header.get("tmpdir") or None)
-        _extract(blob, tmpdir)
+        tmpdir = make_private_dir(header.get("tmpdir"))
+        _extract(blob, header.get("files") or [], tmpdir)
         if needs_spawn(header):  # the child is a separate interpreter: it needs these on disk
             for name, data in ((RUNTIME_FILE, RUNTIME_SOURCE),
                                (HEADER_FILE, json.dumps(header).encode("utf-8"))):
