@@ -177,7 +177,8 @@ def check_all_ok(names: List[str]):
 
 
 def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, aliases: List[str],
-                ansible: Optional[Path], ansible_runs: Optional[AnsibleRuns], ct_names: List[str]):
+                ansible: Optional[Path], ansible_runs: Optional[AnsibleRuns], ct_names: List[str],
+                slurm_nodes: int = 0):
     bindir = Path(sys.executable).parent
     mldiag = shutil.which("mldiag", path=str(bindir)) or "mldiag"
     env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=str(cfg), MLDIAG_HOSTS_FILE=str(hosts_file)),
@@ -224,6 +225,20 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                               check=check_json_files(outdir, hosts)))
         mldiag_rows(size, ct_names)
 
+    if slurm_nodes:
+        # the lab's Slurm cluster behind `main` as login node: one srun step on every node
+        # (stdin goes to every task) next to mldiag's allocation + one step per node
+        size = f"{slurm_nodes} Slurm"
+        remote = ["srun", "-N", str(slurm_nodes), "--ntasks-per-node=1", "python3", "-"]
+        for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
+            cases.append(Case(size, name, ["ssh", "-F", str(cfg), *extra, "main", *remote],
+                              stdin=str(probe), env=env))
+        rows = [f"cluster-a:n{i + 1}" for i in range(slurm_nodes)]
+        cases.append(Case(size, "mldiag run-script", [mldiag, "run-script", str(probe), "-H", "cluster-a"],
+                          env=env, check=check_all_ok(rows)))
+        cases.append(Case(size, "mldiag gpu-status", [mldiag, "gpu-status", "-H", "cluster-a"], env=env,
+                          check=check_all_ok(rows)))
+
     if args.rss_targets:
         size = str(args.rss_targets)
         names = aliases[:args.rss_targets]
@@ -237,9 +252,11 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
     return cases
 
 
-def hosts_yaml(aliases: List[str], ct_names: List[str]) -> str:
+def hosts_yaml(aliases: List[str], ct_names: List[str], slurm_nodes: int = 0) -> str:
     lines = ["# written by bench/fleet.py", "hosts:"]
     lines += [f"  {a}: {{}}" for a in aliases]
+    if slurm_nodes:
+        lines += ["  cluster-a:", "    address: main", f"    slurm: {{nodes: {slurm_nodes}}}"]
     if ct_names:
         lines += ["  pve:", "    address: main", "    become: sudo", "    containers:"]
         lines += [f'      {c}: {{runtime: pct, id: "200", python: {CT_VENV_PYTHON}}}' for c in ct_names]
@@ -361,6 +378,8 @@ def parse_args():
     ap.add_argument("--containers", type=int, default=8, help="containers of one host (0: skip)")
     ap.add_argument("--rss-targets", type=int, default=64, help="targets for the peak-RSS rows (0: skip)")
     ap.add_argument("--no-ansible", action="store_true", help="skip the ansible reference")
+    ap.add_argument("--no-slurm", dest="slurm", action="store_false",
+                    help="skip the 4-node Slurm rows (the lab's cluster, login node `main`)")
     ap.add_argument("--quick", action="store_true",
                     help="3 runs, sizes 1,8, only gpu-status at the RSS size (2-3 minutes)")
     ap.add_argument("--save", help="write every sample as JSON to this file")
@@ -401,14 +420,21 @@ def main() -> int:
                 print(f"(no container rows: LXC unavailable: {lab.unavailable['lxc']})", file=sys.stderr)
             else:
                 ct_names = [f"ct{i + 1}" for i in range(args.containers)]
+        slurm_nodes = 0
+        if args.slurm:
+            if "slurm" in lab.unavailable:
+                print(f"(no Slurm rows: {lab.unavailable['slurm']})", file=sys.stderr)
+            else:
+                slurm_nodes = len(lab.slurm_nodes)
         cfg = fleet_files(lab, targets, work)
         probe = work / "probe.py"
         probe.write_text(PROBE)
         probe.chmod(0o755)
         hosts_file = work / "hosts.yaml"
-        hosts_file.write_text(hosts_yaml(aliases, ct_names))
+        hosts_file.write_text(hosts_yaml(aliases, ct_names, slurm_nodes))
         ansible_runs = AnsibleRuns(work, cfg) if ansible else None
-        cases = build_cases(args, work, cfg, hosts_file, probe, aliases, ansible, ansible_runs, ct_names)
+        cases = build_cases(args, work, cfg, hosts_file, probe, aliases, ansible, ansible_runs, ct_names,
+                            slurm_nodes)
         servers = [s for s in lab.servers.values() if s.name.startswith("fleet") or s.name == "main"]
         counter = ConnectionCounter(servers)
         print(f"lab up in {lab.startup_s:.1f}s, {len(targets)} fleet targets on "
