@@ -363,3 +363,32 @@ def test_env_read_at_interpreter_start_takes_effect(tmp_path):
     """, target=local(env=(("PYTHONPATH", str(tmp_path)),)))
     assert r.status == "ok", r.to_dict()
     assert r.summary == "from PYTHONPATH"
+
+
+def test_runtime_and_a_diagnostic_on_a_real_python_3_8():
+    from tests.pythons import find_python
+    py38 = find_python("3.8")
+    if not py38:
+        pytest.skip("no Python 3.8 on this machine")
+    r = runner.run_one(Target(name="local", local=True, python=py38),
+                       bundle.script_job("ping"), SshPool())
+    assert r.status == "ok", r.to_dict()
+    assert r.data["python"].startswith("3.8.") and r.data["tmpdir_mode"] == "0o700"
+    crashed = run("""
+        import argparse
+        def build_parser(): return argparse.ArgumentParser()
+        def run(args):
+            raise OSError()
+    """, target=Target(name="local", local=True, python=py38))
+    assert crashed.error.layer == "crashed" and crashed.error.message == "OSError()"
+
+
+@pytest.mark.parametrize("version", ["3.6", "2.7"])
+def test_real_old_interpreters_are_refused_as_interpreter(version):
+    from tests.pythons import find_python
+    exe = find_python(version)
+    if not exe:
+        pytest.skip(f"no Python {version} on this machine")
+    r = runner.run_one(Target(name="local", local=True, python=exe), bundle.script_job("ping"), SshPool())
+    assert r.status == "error" and r.error.layer == "interpreter", r.to_dict()
+    assert "3.8" in r.error.message
