@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.lab import sshd  # noqa: E402
-from tests.lab.util import LabError, wait_until  # noqa: E402
+from tests.lab.util import wait_until  # noqa: E402
 
 # The script every reference and `mldiag run-script` runs. The shebang is for `ansible -m script`,
 # which runs the uploaded file as an executable.
@@ -216,17 +216,9 @@ def start_fleet(lab, count: int, first: int = 101, prefix: str = "t") -> List[Fl
         s.addresses = addresses
         s.host_key_pub = sshd.keygen(s.host_key, f"mldiag-bench-fleet{g}")
         s.aliases = {"mlsh": s.name}
-        for attempt in range(5):
-            s.port = _port_free_on_all(addresses)
-            s.write_config(authorized_keys_dir=lab.dir / "authorized_keys", setenv=setenv,
-                           version=version)
-            try:
-                s.start()
-                break
-            except LabError as e:
-                s.stop()
-                if "Address already in use" not in str(e) or attempt == 4:
-                    raise
+        s.start_on_a_free_port(lambda: _port_free_on_all(addresses),
+                               authorized_keys_dir=lab.dir / "authorized_keys", setenv=setenv,
+                               version=version)
         lab.servers[s.name] = s
         lab._write_state()   # NOTE: records the pids, so a killed bench's sshds are reaped too
         for i, a in enumerate(addresses):

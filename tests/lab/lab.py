@@ -392,17 +392,9 @@ class Lab:
             self.servers[name] = s
         setenv = {"PATH": self.path, **self.session_env}
         for s in self.servers.values():
-            for attempt in range(5):
-                if not s.netns:
-                    s.port = free_port(s.address)
-                s.write_config(authorized_keys_dir=self.dir / "authorized_keys", setenv=setenv,
-                               version=version)
-                try:
-                    s.start()
-                    break
-                except LabError as e:
-                    if "Address already in use" not in str(e) or s.netns or attempt == 4:
-                        raise
+            pick = None if s.netns else (lambda s=s: free_port(s.address))
+            s.start_on_a_free_port(pick, authorized_keys_dir=self.dir / "authorized_keys",
+                                   setenv=setenv, version=version)
             self._write_state()
         self.known_hosts.write_text(sshd.known_hosts_text(self.servers.values()))
         self.ssh_config.write_text(sshd.ssh_config_text(self.servers.values(), self.identity,

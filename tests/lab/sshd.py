@@ -11,7 +11,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from .util import LabError, all_pids, descendants, kill_all, ppid_of, run, wait_until
 
@@ -165,6 +165,22 @@ class SshServer:
             return ready in self.log_text()
 
         wait_until(up, timeout, f"sshd '{self.name}' to listen on {self.address}:{self.port}")
+
+    def start_on_a_free_port(self, pick_port: Optional[Callable[[], int]], *, attempts: int = 5,
+                             **config) -> None:
+        """write_config(**config) and start; when another process takes the port between
+        picking and binding, pick again (``pick_port`` None: the port is fixed)."""
+        for attempt in range(attempts):
+            if pick_port is not None:
+                self.port = pick_port()
+            self.write_config(**config)
+            try:
+                self.start()
+                return
+            except LabError as e:
+                self.stop()
+                if pick_port is None or "Address already in use" not in str(e) or attempt == attempts - 1:
+                    raise
 
     def stop(self) -> None:
         """Stop the listener and every process below it (sessions, their commands)."""
