@@ -80,11 +80,15 @@ def _frame(data: bytes) -> bytes:
 
 
 def build_header(job: Job, *, target: str, timeout: float, env: Dict[str, str],
-                 activate: Sequence[str], python: str, nonce: str) -> dict:
-    return {"v": 1, "nonce": nonce, "diagnostic": job.diagnostic, "target": target,
-            "mode": job.mode, "script": job.script_name, "argv": list(job.argv),
-            "env": dict(env), "timeout": timeout, "keep": job.keep_remote,
-            "activate": list(activate), "python": python}
+                 activate: Sequence[str], python: str, nonce: str,
+                 tmpdir: Optional[str] = None) -> dict:
+    header = {"v": 1, "nonce": nonce, "diagnostic": job.diagnostic, "target": target,
+              "mode": job.mode, "script": job.script_name, "argv": list(job.argv),
+              "env": dict(env), "timeout": timeout, "keep": job.keep_remote,
+              "activate": list(activate), "python": python}
+    if tmpdir:
+        header["tmpdir"] = tmpdir
+    return header
 
 
 def build_payload(header: dict, files: Dict[str, bytes]) -> bytes:

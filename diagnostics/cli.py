@@ -114,11 +114,20 @@ def save_result(directory: str, result: Result) -> None:
     os.replace(path + ".part", path)
 
 
-def save_summary(directory: str, results: Sequence[Result]) -> None:
+def save_summary(directory: str, results: Sequence[Result],
+                 interrupted: Optional[Sequence[str]] = None) -> None:
+    """summary.json; after Ctrl-C (``interrupted``: the targets that had not finished) it says
+    so, with exit code 130, and lists only what finished."""
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "summary.json"), "w") as f:
-        json.dump({"summary": render.summary_line(results), "exit_code": exit_code(results),
-                   "targets": {r.target: r.status for r in results}}, f, indent=2)
+    doc = {"summary": render.summary_line(results) if results else "nothing finished",
+           "exit_code": EXIT_INTERRUPTED if interrupted is not None else exit_code(results),
+           "targets": {r.target: r.status for r in results}}
+    if interrupted is not None:
+        doc.update(interrupted=True, not_finished=list(interrupted))
+    with open(os.path.join(directory, "summary.json") + ".part", "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(os.path.join(directory, "summary.json") + ".part",
+               os.path.join(directory, "summary.json"))
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
@@ -145,17 +154,25 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         return replace(j, **changes) if changes else j
 
     progress = Progress(len(targets), sys.stderr)
+    finished: List[Result] = []
 
     def arrived(result: Result) -> None:
         if opts.save:
             save_result(opts.save, result)
+        finished.append(result)
         progress.add(result)
 
     try:
         results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
                                   on_result=arrived)
     except KeyboardInterrupt:
-        raise Exit("mldiag: interrupted", code=EXIT_INTERRUPTED)
+        # run_many has closed every connection: the remote runtimes see stdin close and stop
+        if opts.save:
+            done = {r.target for r in finished}
+            save_summary(opts.save, list(finished), interrupted=sorted(
+                t.name for t in targets if t.name not in done and t.slurm is None))
+        raise Exit(f"mldiag: interrupted ({len(finished)} of {len(targets)} targets finished"
+                   + (f", saved in {opts.save})" if opts.save else ")"), code=EXIT_INTERRUPTED)
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
     finally:

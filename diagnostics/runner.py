@@ -12,7 +12,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, List, Optional, Sequence, Union
 
-from . import bundle
+from . import bundle, redact
 from .errors import InputError
 from .hops import chain_for
 from .hops.base import first_line
@@ -39,6 +39,14 @@ def _tail(data: bytes, limit: int = 8192) -> str:
 
 
 def run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
+    """The target's result, secrets masked (DESIGN.md §3: nothing secret in any output)."""
+    result = _run_one(target, job, pool)
+    clean = Result.from_dict(redact.redact_document(result.to_dict(), target.env_dict))
+    clean.duration_s = result.duration_s
+    return clean
+
+
+def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
     started = time.monotonic()
     timeout = job.timeout if job.timeout is not None else target.timeout
 
@@ -51,7 +59,7 @@ def run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
         nonce = bundle.new_nonce()
         header = bundle.build_header(job, target=target.name, timeout=timeout,
                                      env=target.env_dict, activate=target.activate,
-                                     python=target.python, nonce=nonce)
+                                     python=target.python, nonce=nonce, tmpdir=target.tmpdir)
         payload = bundle.build_payload(header, bundle.job_files(job))
         deadline = time.monotonic() + timeout + CLIENT_GRACE_S
         output = chain.transport.run(chain.argv(), payload, deadline)

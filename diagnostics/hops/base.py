@@ -4,8 +4,15 @@ A chain is ``transport (local | ssh) → [sudo] → [container] → interpreter`
 subclass each other; they stack by wrapping the argv of the hop inside them (Mitogen's ``via``).
 """
 
+import json
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
+
+# Audit: when set, every command line sent to a hop is appended to this file as one JSON line
+# ({"hop", "line", "pid"}), exactly as sent. The test suite turns it on for every test and then
+# checks each line against the safe alphabet (DESIGN.md §3 invariant 1).
+RECORD_ENV = "MLDIAG_RECORD_COMMANDS"
 
 Classification = Optional[Tuple[str, str]]   # (error layer, one-line reason) or None
 
@@ -54,3 +61,15 @@ def find_line(text: str, *needles: str) -> Optional[str]:
         if any(n.lower() in low for n in needles):
             return line.strip()[:300]
     return None
+
+
+def record_command(hop: str, line: str) -> None:
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return
+    entry = (json.dumps({"hop": hop, "line": line, "pid": os.getpid()}) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, entry)   # one O_APPEND write per line: whole lines from many processes
+    finally:
+        os.close(fd)

@@ -2,11 +2,12 @@
 
 import os
 import selectors
+import shlex
 import subprocess
 import time
 from typing import Sequence
 
-from .base import ProcessOutput
+from .base import ProcessOutput, record_command
 
 
 class LocalTransport:
@@ -18,6 +19,7 @@ class LocalTransport:
     def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> ProcessOutput:
         """Run argv, write payload to its stdin and keep stdin open until the process ends
         (the runtime treats stdin EOF as "the client went away")."""
+        record_command("local", shlex.join(argv))
         try:
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)

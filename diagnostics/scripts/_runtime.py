@@ -582,6 +582,7 @@ def main(stdin):
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    uploading = True
     try:
         tmpdir = make_private_dir(header.get("tmpdir"))
         _extract(blob, header.get("files") or [], tmpdir)
@@ -591,6 +592,7 @@ def main(stdin):
                 fd = os.open(os.path.join(tmpdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
+        uploading = False
         SUBREAPER[0] = set_subreaper()
         run = supervise(header, tmpdir, stdin.fileno())
         result = compose(header, run, started)
@@ -602,7 +604,10 @@ def main(stdin):
         return
     except BaseException as exc:
         info = describe_exception(exc)
-        layer = "upload" if isinstance(exc, (OSError, EOFError)) else "internal"
+        layer = "upload" if uploading and isinstance(exc, (OSError, EOFError)) else "internal"
+        if layer == "upload":  # say where: a full or read-only temp dir is the usual cause
+            info["message"] = "writing %d bytes into %s: %s" % (
+                len(blob), tmpdir or header.get("tmpdir") or "a temp dir", info["message"])
         result = {"schema": 1, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
                   "status": "error", "summary": "%s: %s" % (layer, info["message"]), "findings": [],
                   "data": {}, "log": [], "duration_s": round(time.time() - started, 3),

@@ -64,6 +64,7 @@ class Lab:
                    ~/.ssh through $HOME (paramiko/Fabric); OpenSSH itself ignores $HOME.
       main         SshServer on 127.0.0.2, MaxSessions 100 / MaxStartups 200:30:400.
       defaults     SshServer on 127.0.0.3 with OpenSSH's default limits (no such lines).
+      nosftp       SshServer on 127.0.0.4 without an SFTP subsystem (hosts that disable it).
       jump, inner  SshServers in network namespaces: inner is reachable only through jump
                    (`inner` aliases carry `ProxyJump jump`); see tests/lab/netns.py.
       servers      {name: SshServer}. Each has .address .port .alias .aliases {user: alias}
@@ -181,6 +182,7 @@ class Lab:
     defaults = property(lambda self: self.servers["defaults"])
     jump = property(lambda self: self.servers["jump"])
     inner = property(lambda self: self.servers["inner"])
+    nosftp = property(lambda self: self.servers["nosftp"])
 
     # ------------------------------------------------------------------ start
 
@@ -377,7 +379,8 @@ class Lab:
     def _start_sshds(self) -> None:
         version = sshd.openssh_version()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        specs = [("main", "127.0.0.2", True, None, None), ("defaults", "127.0.0.3", False, None, None)]
+        specs = [("main", "127.0.0.2", True, None, None), ("defaults", "127.0.0.3", False, None, None),
+                 ("nosftp", "127.0.0.4", True, None, None)]
         if self.jumpnet:
             j = self.jumpnet
             specs += [("jump", j.jump_addr, True, j.ns_jump, None),
@@ -386,7 +389,7 @@ class Lab:
             d = self.dir / "sshd" / name
             d.mkdir(parents=True)
             s = sshd.SshServer(name=name, address=address, port=22 if ns else 0, dir=d,
-                               generous=generous, netns=ns, proxy_jump=via)
+                               generous=generous, netns=ns, proxy_jump=via, sftp=name != "nosftp")
             s.aliases = {u: (name if u == "mlsh" else f"{name}-{u}") for u in SSH_USERS}
             s.host_key_pub = sshd.keygen(s.host_key, f"mldiag-lab-{name}")
             self.servers[name] = s

@@ -70,6 +70,7 @@ class SshServer:
     aliases: Dict[str, str] = field(default_factory=dict)
     host_key_pub: str = ""
     proc: Optional[subprocess.Popen] = None
+    sftp: bool = True       # False: no Subsystem line, as on hosts that disable SFTP
 
     @property
     def alias(self) -> str:
@@ -138,8 +139,9 @@ class SshServer:
             "PrintMotd no",
             "PrintLastLog no",
             "SetEnv " + " ".join(f"{k}={v}" for k, v in setenv.items()),
-            "Subsystem sftp internal-sftp",
         ]
+        if self.sftp:
+            lines.append("Subsystem sftp internal-sftp")
         if self.generous:
             lines += GENEROUS_LIMITS
         if version >= (9, 8):

@@ -1,0 +1,36 @@
+"""Suite-wide: every command line any test sends to a hop is recorded, then checked last.
+
+``MLDIAG_RECORD_COMMANDS`` (diagnostics/hops/base.py) is set for the whole session, so the
+runner in this process and every ``mldiag``/``inv`` subprocess a test starts append each command
+line, exactly as sent, to one file. tests/integration/test_command_lines.py reads it after all
+other tests have run (it is moved to the end of the run below).
+"""
+
+import os
+import shutil
+import tempfile
+
+RECORD_ENV = "MLDIAG_RECORD_COMMANDS"
+CHECKER = "test_command_lines.py"
+_record_dir = None
+
+
+def pytest_configure(config):
+    global _record_dir
+    if os.environ.get(RECORD_ENV):      # an outer run records already: keep its file
+        return
+    _record_dir = tempfile.mkdtemp(prefix="recorded-commands-")
+    os.environ[RECORD_ENV] = os.path.join(_record_dir, "commands.jsonl")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The command-line check runs after every other test (it reads what they sent)."""
+    last = [item for item in items if os.path.basename(str(item.fspath)) == CHECKER]
+    rest = [item for item in items if os.path.basename(str(item.fspath)) != CHECKER]
+    items[:] = rest + last
+
+
+def pytest_unconfigure(config):
+    if _record_dir:
+        shutil.rmtree(_record_dir, ignore_errors=True)
+        os.environ.pop(RECORD_ENV, None)
