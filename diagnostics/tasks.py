@@ -3,10 +3,11 @@
 import json as jsonlib
 import os
 
-from invoke import Collection, Exit, Task, task
+from typing import Optional
 
-from . import bundle, cli, render
-from .topology import Target
+from invoke import Argument, Collection, Exit, Task, task
+
+from . import cli, jobs, render, runbook_run
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
 SHORT_FLAGS = {"host": "H", "group": "g"}
@@ -57,7 +58,8 @@ COMMON_HELP = {
 
 
 def _help(**extra):
-    return {**COMMON_HELP, **extra}
+    """COMMON_HELP plus ``extra``; an entry set to None is left out."""
+    return {k: v for k, v in {**COMMON_HELP, **extra}.items() if v is not None}
 
 
 def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff):
@@ -76,97 +78,57 @@ def ping(c, host=None, group=None, hosts_file=None, json=False, save=None, paral
          timeout=None, keep_remote=False, diff=False):
     """Check every layer: ssh, jump, sudo, container, interpreter, private temp dir."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    cli.execute(opts, bundle.script_job("ping"))
+    cli.execute(opts, jobs.job_source("ping", {}))
 
 
-@task(klass=MldiagTask, help=_help())
-def gpu_status(c, host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-               timeout=None, keep_remote=False, diff=False):
+@task(klass=MldiagTask, help=_help(**jobs.help_for("gpu-status")))
+def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None, hosts_file=None,
+               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, throttling."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-
-    def job(target: Target):
-        argv = ["--expect-gpus", str(target.gpus)] if target.gpus is not None else []
-        return bundle.script_job("gpu-status", argv)
-
+    job = jobs.job_source("gpu-status", dict(kernel_log_file=kernel_log_file, expect_idle=expect_idle))
     cli.execute(opts, job, after_table=render.render_gpus)
 
 
-def _model_argv(target: Target, model):
-    """``--model`` may name an entry of the target's ``models:``; default: its first entry."""
-    models = dict(target.models)
-    path = models.get(model, model) if model else target.default_model
-    if not path:
-        raise cli.TargetInputError(f"{target.name}: no --model given and the target has no models: "
-                                   "entry in hosts.yaml")
-    return ["--model", path]
-
-
-@task(klass=MldiagTask, help=_help(
-    model="model directory on the target, or a name from the target's models: (default: its first)",
-    **{"attn-implementation": "request this implementation (eager, sdpa, flash_attention_2, ...)",
-       "model-class": "build this transformers class instead of the checkpoint's architectures"}))
+@task(klass=MldiagTask, help=_help(**jobs.help_for("check-attn")))
 def check_attn(c, model=None, attn_implementation=None, model_class=None, host=None, group=None,
                hosts_file=None, json=False, save=None, parallel=None, timeout=None,
                keep_remote=False, diff=False):
     """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-
-    def job(target: Target):
-        argv = _model_argv(target, model)
-        if attn_implementation:
-            argv += ["--attn-implementation", attn_implementation]
-        if model_class:
-            argv += ["--model-class", model_class]
-        return bundle.script_job("check-attn", argv)
-
-    cli.execute(opts, job)
+    cli.execute(opts, jobs.job_source("check-attn", dict(
+        model=model, attn_implementation=attn_implementation, model_class=model_class)))
 
 
 @task(klass=MldiagTask, help=_help(
     full="show every field on every target (default with several targets: only what differs)",
-    imports="packages to import as well: comma list, 'all' or 'none'",
-    packages="extra distribution names to report, comma separated"))
+    **jobs.help_for("env-report")))
 def env_report(c, full=False, imports=None, packages=None, host=None, group=None, hosts_file=None,
                json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    argv = (["--imports", imports] if imports else []) + (["--packages", packages] if packages else [])
     opts.diff = opts.diff or not full
-    cli.execute(opts, bundle.script_job("env-report", argv),
+    cli.execute(opts, jobs.job_source("env-report", dict(imports=imports, packages=packages)),
                 after_table=None if opts.diff else cli.render_full)
 
 
-@task(klass=MldiagTask, help=_help(
-    model="model directory on the target, or a name from the target's models: (default: its first)",
-    layers="hidden_states ids to capture, e.g. 2,16,29 (default: 2, N//2, N-3 and N)",
-    samples="number of built-in prompts (or lines of --data) to prefill (default 3)",
-    data="JSONL file on the target with a 'text' or 'prompt' field per line",
-    backend="auto | transformers | vllm (vllm: untested on a real GPU so far)",
-    **{"max-tokens": "truncate each sample to at most N tokens (default 64)"},
-    device="auto | cpu | cuda", dtype="auto | float32 | bfloat16 | float16"))
+@task(klass=MldiagTask, help=_help(**jobs.help_for("extract-smoke")))
 def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=None,
                   max_tokens=None, device=None, dtype=None, host=None, group=None, hosts_file=None,
                   json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    flags = {"--layers": layers, "--samples": samples, "--data": data, "--backend": backend,
-             "--max-tokens": max_tokens, "--device": device, "--dtype": dtype}
-    extra = [x for flag, value in flags.items() if value is not None for x in (flag, str(value))]
-
-    def job(target: Target):
-        return bundle.script_job("extract-smoke", _model_argv(target, model) + extra)
-
-    cli.execute(opts, job)
+    cli.execute(opts, jobs.job_source("extract-smoke", dict(
+        model=model, layers=layers, samples=samples, data=data, backend=backend,
+        max_tokens=max_tokens, device=device, dtype=dtype)))
 
 
-@task(klass=MldiagTask, help=_help(path="log file on the target", lines="scan the last N lines (default 2000)"))
+@task(klass=MldiagTask, help=_help(**jobs.help_for("scan-log")))
 def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=False, save=None,
              parallel=None, timeout=None, keep_remote=False, diff=False):
     """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    argv = ["--path", path] + (["--lines", str(lines)] if lines is not None else [])
-    cli.execute(opts, bundle.script_job("scan-log", argv))
+    cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
 
 
 @task(klass=MldiagTask, iterable=["arg", "put"], help=_help(
@@ -191,5 +153,44 @@ def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=Non
     cli.execute(opts, cli.script_file_job(path, argv, put or []))
 
 
-ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, run_script)
+class _ListFlag(Argument):
+    """``runbook --list`` needs no NAME: seeing the flag fills the positional with ''."""
+    fills: Optional[Argument] = None
+
+    def set_value(self, value, cast=True):
+        super().set_value(value, cast)
+        if value and self.fills is not None and self.fills.value is None:
+            self.fills.set_value("", cast=False)
+
+
+class RunbookTask(MldiagTask):
+    def get_arguments(self, *args, **kwargs):
+        arguments = super().get_arguments(*args, **kwargs)
+        by_name = {a.name: a for a in arguments}
+        by_name["list_"].__class__ = _ListFlag
+        by_name["list_"].fills = by_name["name"]
+        return arguments
+
+
+@task(klass=RunbookTask, positional=["name"], iterable=["param", "runbooks_dir"], help=_help(
+    diff=None, name="the runbook to run (file NAME.yaml in a runbook directory)",
+    list="list the runbooks found, with their descriptions and parameters",
+    param="a runbook parameter, NAME=VALUE (repeatable), e.g. --param log=/var/log/train.log",
+    format="report format: md (default) or json (--json is the same as --format json)",
+    save="directory to write report.md, report.json and each step's results (steps/NN-STEP/)",
+    **{"runbooks-dir": "another directory of runbook files (repeatable; searched after the "
+                       "built-in ones and hosts.yaml's runbooks:)"}))
+def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=None, host=None,
+            group=None, hosts_file=None, json=False, save=None, parallel=None, timeout=None,
+            keep_remote=False):
+    """Run a runbook's steps on the targets and print one report (Markdown or JSON)."""
+    if list_:
+        runbook_run.list_runbooks(hosts_file, runbooks_dir or [], as_json=json)
+        return
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False)
+    runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [], fmt=format)
+
+
+ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, run_script,
+                runbook)
 ns.configure({"run": {"echo": False}})

@@ -188,12 +188,11 @@ def test_scan_log_on_a_log_inside_the_ct(lab, plain_hosts):
 # ------------------------------------------------------------------ torch + transformers in the CT
 
 
-@pytest.fixture(scope="module")
-def ml_hosts(lab):
-    """A hosts.yaml whose CT targets see this process's torch and transformers, and tiny models
-    saved once for the module: llama (4 full-attention layers, tokenizer) and qwen3next (3 linear +
-    1 full attention, no tokenizer). (The NaN-injected model's failure is tests/unit's: one more
-    target here costs a whole torch + transformers import in the CT.)"""
+def tiny_models_in_ct(lab, *subdir):
+    """Tiny models saved once into the models dir the CT sees (the session's own dir, then
+    `subdir`): llama (4 full-attention layers, tokenizer) and qwen3next (3 linear + 1 full
+    attention, no tokenizer); and the `env:` a CT target needs to import this process's torch and
+    transformers. Returns (root, models, env, torch, transformers); the caller removes root."""
     lab.need("lxc")
     torch = mlenv.require("torch")
     transformers = mlenv.require("transformers")
@@ -205,16 +204,25 @@ def ml_hosts(lab):
     for old in models_root.iterdir():   # left by killed sessions
         if old.is_dir() and not (lab.root / f"session-{old.name}").exists():
             shutil.rmtree(old, ignore_errors=True)
-    root = models_root / lab.sid
+    root = models_root.joinpath(lab.sid, *subdir)
     tm = mlenv.load_tiny_models()
     models = {
         "llama": tm.build("llama", root / "llama", tokenizer=True),
         "qwen3next": tm.build("qwen3_next", root / "qwen3_next"),
     }
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(models_root / lab.sid):
         os.chmod(dirpath, 0o755)
     env = {"PYTHONPATH": os.pathsep.join(sorted(str(s) for s in sites)), "LD_LIBRARY_PATH": str(libdir),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return root, models, env, torch, transformers
+
+
+@pytest.fixture(scope="module")
+def ml_hosts(lab):
+    """A hosts.yaml whose CT targets see this process's torch and transformers, and the tiny models
+    of tiny_models_in_ct. (The NaN-injected model's failure is tests/unit's: one more target here
+    costs a whole torch + transformers import in the CT.)"""
+    root, models, env, torch, transformers = tiny_models_in_ct(lab)
     path = hosts_file(lab, [ct(name, env=env, models={"tiny": info["path"]}) for name, info in models.items()])
     try:
         yield path, models, transformers.__version__, torch.__version__

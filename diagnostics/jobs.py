@@ -1,0 +1,140 @@
+"""Task name + arguments + target → Job: what the tasks and the runbook steps share.
+
+Each diagnostic task declares its arguments once (``TASKS``): the name used on the command
+line and in a runbook step (``max-tokens``), the script flag it becomes, its kind and help.
+``job_source(task, values)`` returns a ``Target -> Job`` callable; it raises
+``cli.TargetInputError`` for a target that lacks a setting the job needs (no ``models:`` entry
+for ``check-attn``), which a task reports as bad input (exit 4) and a runbook as a skipped
+step on that target.
+
+``run-script`` is not here: its job comes from local files (``cli.script_file_job``).
+"""
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from . import bundle
+from .cli import TargetInputError
+from .topology import Target
+
+KINDS = ("text", "int", "bool", "model")
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str                    # dash name: ``--max-tokens`` and ``max-tokens:`` in a runbook
+    help: str
+    flag: Optional[str] = None   # the script's flag (default ``--NAME``); model args build their own
+    kind: str = "text"           # text | int | bool (a flag without value) | model
+    choices: Tuple[str, ...] = ()
+    required: bool = False
+
+    @property
+    def script_flag(self) -> str:
+        return self.flag or f"--{self.name}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    summary: str
+    args: Tuple[Arg, ...] = ()
+    # argv the target itself adds (gpu-status: --expect-gpus from hosts.yaml ``gpus:``)
+    target_argv: Callable[[Target], List[str]] = lambda target: []
+
+    def arg(self, name: str) -> Optional[Arg]:
+        return next((a for a in self.args if a.name == name), None)
+
+
+MODEL = Arg("model", "model directory on the target, or a name from the target's models: "
+                     "(default: its first)", kind="model")
+
+
+def _expect_gpus(target: Target) -> List[str]:
+    return ["--expect-gpus", str(target.gpus)] if target.gpus is not None else []
+
+
+TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec("ping", "check every layer: ssh, jump, sudo, container, interpreter, temp dir"),
+    TaskSpec("gpu-status", "per GPU: memory, utilisation, ECC/remap health, throttling, processes",
+             (Arg("kernel-log-file", "scan this file on the target (a saved dmesg) for Xid lines "
+                                     "instead of the live kernel log"),
+              Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
+                                 "free)", kind="bool")),
+             target_argv=_expect_gpus),
+    TaskSpec("check-attn", "requested vs resolved attention per module, layer types, fast kernels",
+             (MODEL,
+              Arg("attn-implementation", "request this implementation (eager, sdpa, "
+                                         "flash_attention_2, ...)"),
+              Arg("model-class", "build this transformers class instead of the checkpoint's "
+                                 "architectures"))),
+    TaskSpec("env-report", "python, torch, driver, ML package versions, env vars; drift",
+             (Arg("imports", "packages to import as well: comma list, 'all' or 'none'"),
+              Arg("packages", "extra distribution names to report, comma separated"))),
+    TaskSpec("extract-smoke", "hidden-state extraction smoke test",
+             (MODEL,
+              Arg("layers", "hidden_states ids to capture, e.g. 2,16,29 (default: 2, N//2, N-3 "
+                            "and N)"),
+              Arg("samples", "number of built-in prompts (or lines of --data) to prefill "
+                             "(default 3)", kind="int"),
+              Arg("data", "JSONL file on the target with a 'text' or 'prompt' field per line"),
+              Arg("backend", "auto | transformers | vllm (vllm: untested on a real GPU so far)",
+                  choices=("auto", "transformers", "vllm")),
+              Arg("max-tokens", "truncate each sample to at most N tokens (default 64)",
+                  kind="int"),
+              Arg("device", "auto | cpu | cuda", choices=("auto", "cpu", "cuda")),
+              Arg("dtype", "auto | float32 | bfloat16 | float16",
+                  choices=("auto", "float32", "bfloat16", "float16")))),
+    TaskSpec("scan-log", "classify a remote log: tracebacks, empty errors, NaN, OOM, NCCL, Xid",
+             (Arg("path", "log file on the target", required=True),
+              Arg("lines", "scan the last N lines (default 2000)", kind="int"))),
+)}
+
+
+def help_for(task: str) -> Dict[str, str]:
+    """``@task(help=...)`` entries for the task's own arguments."""
+    return {a.name: a.help for a in TASKS[task].args}
+
+
+def unknown_task(name: str) -> str:
+    close = difflib.get_close_matches(name, list(TASKS), n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown task {name!r} ({guess}tasks: {', '.join(TASKS)})"
+
+
+def model_argv(target: Target, model: Optional[str]) -> List[str]:
+    """``--model`` may name an entry of the target's ``models:``; default: its first entry."""
+    models = dict(target.models)
+    path = models.get(model, model) if model else target.default_model
+    if not path:
+        raise TargetInputError(f"{target.name}: no --model given and the target has no models: "
+                               "entry in hosts.yaml")
+    return ["--model", path]
+
+
+def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundle.Job]:
+    """``Target -> Job`` for ``task`` with ``values`` (keys: dash or underscore names; None or
+    False: not given). The script is read once, here."""
+    spec = TASKS[task]
+    given = {key.replace("_", "-"): value for key, value in values.items()}
+    unknown = set(given) - {a.name for a in spec.args}
+    if unknown:
+        raise ValueError(f"{task}: no argument {', '.join(sorted(unknown))}")
+    base = bundle.script_job(task)
+
+    def job(target: Target) -> bundle.Job:
+        argv: List[str] = []
+        for arg in spec.args:
+            value = given.get(arg.name)
+            if arg.kind == "model":
+                argv += model_argv(target, value)
+            elif value is None or value is False:
+                continue
+            elif arg.kind == "bool":
+                argv.append(arg.script_flag)
+            else:
+                argv += [arg.script_flag, str(value)]
+        return replace(base, argv=tuple(argv + spec.target_argv(target)))
+
+    return job

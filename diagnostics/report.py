@@ -1,0 +1,289 @@
+"""The runbook report: Markdown (for a terminal and a chat or issue tracker) and JSON views of a
+``RunbookRun``, written to a passed-in stream. Pure functions of their arguments: the time and
+mldiag version come from the run and the caller, so a test can pin them.
+
+Markdown layout: a header (runbook, targets, parameters, time, mldiag version, result), the
+summary table (step × target → status; targets whose column reads the same share one column,
+named by their folded node set), every finding with its hint, worst first (identical findings
+of one step folded over their targets), what was skipped and why, each step's one-line
+summaries (plus GPU rows for gpu-status and the drift between targets for env-report), and the
+raw result documents in a collapsible ``<details>`` appendix.
+"""
+
+import json
+import re
+from typing import Any, Dict, List, Sequence, TextIO, Tuple
+
+from . import render
+from .drift import drift, format_drift
+from .results import Result, worst_status
+
+LEVELS = ("error", "fail", "warn", "info")     # worst first; anything else sorts after info
+SKIP_CELLS = {"param": "skipped (param)", "when": "skipped (when)", "setting": "skipped (setting)",
+              "stopped": "skipped (stopped)", "unreachable": "skipped (unreachable)",
+              "interrupted": "skipped (interrupted)"}
+
+
+# --------------------------------------------------------------------------- Markdown text
+
+_CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+def _md_plain(text: str) -> str:
+    text = re.sub(r"([\\`*<])", r"\\\1", text)
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
+    return text.replace("](", "]\\(")
+
+
+def _md(text: Any) -> str:
+    """Inline Markdown text: what would turn into markup is escaped, the rest left as it
+    reads in a terminal (``hw_thermal_slowdown`` keeps its underscores: GFM ignores those);
+    the diagnostics' own code spans (`nvidia-smi -q`) stay code spans."""
+    text = render._escape_controls("" if text is None else str(text))
+    out, at = [], 0
+    for match in _CODE_SPAN.finditer(text):
+        out += [_md_plain(text[at:match.start()]), match.group(0)]
+        at = match.end()
+    return "".join(out + [_md_plain(text[at:])])
+
+
+def _cell(text: Any) -> str:
+    return _md(text).replace("|", "\\|")
+
+
+def _code(text: Any) -> str:
+    """An inline code span that survives any backticks inside."""
+    text = render._escape_controls(str(text))
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _fence(text: str, info: str = "") -> List[str]:
+    ticks = "`" * max(3, max((len(m) for m in re.findall(r"`{3,}", text)), default=0) + 1)
+    return [ticks + info, text, ticks]
+
+
+def _lines(text: Any) -> List[str]:
+    return [_md(line) for line in str(text or "").splitlines()] or [""]
+
+
+def _fold(names: Sequence[str]) -> str:
+    return render.fold_names(names)
+
+
+def _status_word(run) -> str:
+    results = run.results
+    if run.interrupted:
+        return f"interrupted (exit {run.exit_code})"
+    if not results:
+        return "nothing ran (exit 0)"
+    return f"{worst_status(r.status for r in results)} (exit {run.exit_code}): " \
+           f"{render.summary_line(results)}"
+
+
+def _step_label(sr) -> str:
+    return f"{sr.number}. {sr.step.id}"
+
+
+def _cell_of(sr, target: str) -> str:
+    status = sr.status_of(target)
+    if status is not None:
+        return status
+    skip = sr.skip_of(target)
+    return SKIP_CELLS.get(skip.kind, "skipped") if skip else "-"
+
+
+# --------------------------------------------------------------------------- sections
+
+def _header(run, version: str) -> List[str]:
+    book = run.runbook
+    params = ", ".join(f"{_code(k)}={_code(v)}" for k, v in run.params.items()) or "none given"
+    where = "built-in" if book.source == "built-in" else _md(book.path)
+    return [
+        f"# Runbook {_code(book.name)}", "",
+        _md(book.description), "",
+        f"- **Targets:** {_md(_fold(run.targets)) or 'none'} ({len(run.targets)})",
+        f"- **Parameters:** {params}",
+        f"- **Started:** {run.started.strftime('%Y-%m-%d %H:%M:%S UTC')}, took "
+        f"{run.duration_s:.1f} s",
+        f"- **mldiag:** {_md(version)} (runbook: {where})",
+        f"- **Result:** {_md(_status_word(run))}",
+    ]
+
+
+def _summary(run) -> List[str]:
+    columns: Dict[Tuple[str, ...], List[str]] = {}
+    for target in run.targets:
+        columns.setdefault(tuple(_cell_of(sr, target) for sr in run.steps), []).append(target)
+    heads = [_cell(_fold(names)) for names in columns.values()]
+    lines = ["## Summary", "", "| Step | " + " | ".join(heads) + " |",
+             "|---|" + "---|" * len(heads)]
+    for i, sr in enumerate(run.steps):
+        cells = [_cell(column[i]) for column in columns]
+        title = f": {_cell(sr.step.title)}" if sr.step.title else ""
+        lines.append(f"| {_cell(_step_label(sr))}{title} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _result_findings(r: Result) -> List[Tuple[str, str, str, str]]:
+    """(level, code, message, hint) of a result; an error or a bare non-ok status is one too."""
+    found = [(f.level, f.code, f.message, f.hint or "") for f in r.findings]
+    if r.error is not None:
+        found.append(("error", r.error.layer, r.error.message or r.error.type, ""))
+    elif not found and r.status != "ok":
+        found.append((r.status, "", r.summary, ""))
+    return found
+
+
+def _level_rank(level: str) -> int:
+    return LEVELS.index(level) if level in LEVELS else len(LEVELS)
+
+
+def _findings(run) -> List[str]:
+    folded: Dict[Tuple[Any, ...], List[str]] = {}
+    for sr in run.steps:
+        for r in sr.results:
+            for level, code, message, hint in _result_findings(r):
+                folded.setdefault((sr.number, sr.step.id, level, code, message, hint),
+                                  []).append(r.target)
+    lines = ["## Findings", ""]
+    if not folded:
+        return lines + ["No findings."]
+    order = sorted(folded, key=lambda k: (_level_rank(k[2]), k[0]))
+    for key in order:
+        number, step_id, level, code, message, hint = key
+        text = _lines(message)
+        head = f"{_code(code)}: " if code else ""
+        lines.append(f"- **{_md(level)}** · {number}. {_md(step_id)} · "
+                     f"{_md(_fold(folded[key]))} · {head}{text[0]}")
+        lines.extend(f"  {line}" for line in text[1:])
+        if hint:
+            hint_lines = _lines(hint)
+            lines.append(f"  - hint: {hint_lines[0]}")
+            lines.extend(f"    {line}" for line in hint_lines[1:])
+    return lines
+
+
+def _skipped(run) -> List[str]:
+    folded: Dict[Tuple[int, str, str], List[str]] = {}
+    for sr in run.steps:
+        for skip in sr.skipped:
+            folded.setdefault((sr.number, sr.step.id, skip.reason), []).append(skip.target)
+    if not folded:
+        return []
+    lines = ["## Skipped", ""]
+    for (number, step_id, reason), targets in folded.items():
+        lines.append(f"- {number}. {_md(step_id)} on {_md(_fold(targets))}: {_md(reason)}")
+    return lines
+
+
+def _notable(row: Tuple[str, ...]) -> bool:
+    """A GPU row worth a line: in use, throttled, or in error (idle healthy GPUs are not)."""
+    _target, _index, name, memory, util, _temp, _power, events = row
+    return (name.startswith("error: ") or not memory.startswith(("0.0/", "-"))
+            or util not in ("0%", "-") or events != "-")
+
+
+def _gpu_table(results: Sequence[Result]) -> List[str]:
+    rows = render.gpu_rows(results)
+    shown = [row for row in rows if _notable(row)][:render.GPU_ROWS_LIMIT]
+    if not rows:
+        return []
+    if not shown:
+        return ["", f"All {len(rows)} GPUs idle, no clock events."]
+    head = ("Target", "GPU", "Name", "Memory", "Util", "Temp", "Power", "Clock events")
+    return ["", f"GPUs in use, throttled or in error ({len(shown)} of {len(rows)}):", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + \
+        ["| " + " | ".join(_cell(c) for c in row) + " |" for row in shown]
+
+
+def _drift(results: Sequence[Result]) -> List[str]:
+    ran = [r for r in results if r.status != "error"]
+    if len(ran) < 2:
+        return []
+    rows = format_drift(drift([(r.target, r.data) for r in ran]))
+    lines = ["", f"Drift across {len(ran)} targets:" if rows else
+             f"No drift across {len(ran)} targets: every field agrees."]
+    return lines + [f"- {_md(row)}" for row in rows]
+
+
+DETAILS = {"gpu-status": _gpu_table, "env-report": _drift}
+
+
+def _steps(run) -> List[str]:
+    lines = ["## Steps"]
+    for sr in run.steps:
+        title = f": {_md(sr.step.title)}" if sr.step.title else ""
+        task = f" ({_md(sr.step.task)})" if sr.step.task != sr.step.id else ""
+        lines += ["", f"### {_md(_step_label(sr))}{task}{title}", ""]
+        if not sr.results:
+            lines.append("Did not run (see Skipped).")
+            continue
+        for group in render.fold(sr.results):
+            lines.append(f"- {_md(group.name)}: **{_md(group.status)}** · "
+                         f"{_lines(group.summary)[0]}")
+        lines.extend(DETAILS.get(sr.step.task, lambda results: [])(sr.results))
+    return lines
+
+
+def _appendix(run) -> List[str]:
+    results = [(sr, r) for sr in run.steps for r in sr.results]
+    lines = ["## Raw results", "", "<details>",
+             f"<summary>{len(results)} result documents (JSON)</summary>"]
+    for sr, r in results:
+        doc = json.dumps(render._strict_json(r.to_dict()), indent=2, allow_nan=False,
+                         default=str, ensure_ascii=False)
+        lines += ["", f"#### {_md(_step_label(sr))} · {_md(r.target)}", ""] + _fence(doc, "json")
+    return lines + ["", "</details>"]
+
+
+def render_markdown(run, stream: TextIO, *, version: str) -> None:
+    sections = [_header(run, version), _summary(run), _findings(run), _skipped(run),
+                _steps(run), _appendix(run)]
+    render._emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
+
+
+# --------------------------------------------------------------------------- JSON
+
+def report_dict(run, *, version: str) -> Dict[str, Any]:
+    book = run.runbook
+    results = run.results
+    return {
+        "schema": 1, "runbook": book.name, "description": book.description,
+        "source": book.source, "path": book.path, "mldiag_version": version,
+        "started": run.started.isoformat(timespec="seconds"),
+        "duration_s": round(run.duration_s, 3), "targets": list(run.targets),
+        "params": dict(run.params),
+        "status": worst_status(r.status for r in results) if results else None,
+        "exit_code": run.exit_code, "interrupted": run.interrupted,
+        "steps": [{"number": sr.number, "id": sr.step.id, "task": sr.step.task,
+                   "title": sr.step.title, "args": dict(sr.step.args),
+                   "results": [r.to_dict() for r in sr.results],
+                   "skipped": [{"target": s.target, "kind": s.kind, "reason": s.reason}
+                               for s in sr.skipped]} for sr in run.steps],
+    }
+
+
+def render_json(run, stream: TextIO, *, version: str) -> None:
+    json.dump(render._strict_json(report_dict(run, version=version)), stream, indent=2,
+              allow_nan=False, default=str)
+    stream.write("\n")
+
+
+# --------------------------------------------------------------------------- --list
+
+def render_list(books: Sequence[Any], stream: TextIO) -> None:
+    """``NAME  SOURCE  DESCRIPTION``, then each parameter on its own line under the description."""
+    if not books:
+        stream.write("no runbooks\n")
+        return
+    rows = [("NAME", "SOURCE", "DESCRIPTION")] + [(b.name, b.source, b.description) for b in books]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    indent = " " * (widths[0] + widths[1] + 4)
+    for i, row in enumerate(rows):
+        stream.write(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip()
+                     + "\n")
+        for p in (books[i - 1].params if i else ()):
+            default = f" (default: {p.default})" if p.default is not None else ""
+            stream.write(f"{indent}--param {p.name}=...  {p.description}{default}\n")

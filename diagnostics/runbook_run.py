@@ -1,0 +1,321 @@
+"""Running a runbook: its steps in order on every selected target, with the fleet machinery.
+
+Semantics (README "Runbooks" says the same for users):
+- Each step runs on all the targets still in the run at once (``runner.run_many``), one step
+  after the other; all steps share one SSH connection pool.
+- A step is skipped on every target when it refers to a parameter that was not given and has
+  no default; on one target when its ``when:`` does not hold there (``gpu-status.fail``: the
+  step ``gpu-status`` ran on the target and its status there is at least ``fail``), or when an
+  argument refers to a setting the target lacks (``{{ target.models.draft }}``, or no
+  ``models:`` at all for a model step).
+- A target leaves the run — later steps skip it, so an unreachable machine is asked once, not
+  once per step — when a step ends in ``error`` at a layer that no later step can get past
+  (``DROP_LAYERS``: unreachable, auth, hostkey, become, container, interpreter, upload), or
+  when the step's status there is at least its ``stop_if:``. A timed-out or crashed diagnostic
+  keeps the target in the run: the next step asks something else.
+- A Slurm login target runs each step as its own allocation; its rows (``cluster-a:n3``)
+  count for it: conditions see the worst of them.
+- The exit code is the worst status of the steps that ran (skipped ones do not count);
+  130 when interrupted (the report of what ran is still written).
+"""
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Callable, Dict, List, Optional, Sequence, TextIO
+
+from invoke import Exit
+
+from . import __version__, cli, jobs, report, runbook, runner, topology
+from .bundle import Job
+from .errors import EXIT_INTERRUPTED, InputError
+from .hops.ssh import SshPool
+from .results import Result, exit_code, worst_status
+from .runbook import Runbook, Step
+from .topology import Target
+
+DROP_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter", "upload")
+FORMATS = ("md", "json")
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A step that did not run on a target, and why."""
+    target: str
+    kind: str      # param | when | setting | stopped | unreachable | interrupted
+    reason: str
+
+
+@dataclass
+class StepRun:
+    number: int
+    step: Step
+    results: List[Result] = field(default_factory=list)
+    skipped: List[Skip] = field(default_factory=list)
+    owners: Dict[str, str] = field(default_factory=dict)   # result row → selected target
+
+    def owner(self, result: Result) -> str:
+        return self.owners.get(result.target, result.target)
+
+    def status_of(self, target: str) -> Optional[str]:
+        """The worst status of the step's results on ``target``; None where it did not run."""
+        statuses = [r.status for r in self.results if self.owner(r) == target]
+        return worst_status(statuses) if statuses else None
+
+    def skip_of(self, target: str) -> Optional[Skip]:
+        return next((s for s in self.skipped if s.target == target), None)
+
+
+@dataclass
+class RunbookRun:
+    runbook: Runbook
+    targets: List[str]
+    params: Dict[str, str]
+    started: datetime
+    duration_s: float = 0.0
+    steps: List[StepRun] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def results(self) -> List[Result]:
+        return [r for s in self.steps for r in s.results]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.interrupted else exit_code(self.results)
+
+
+def _owner_of(name: str, targets: Sequence[Target]) -> str:
+    """A Slurm row ``cluster-a:n3`` belongs to the selected ``cluster-a`` (or ``cluster-a:n[1-4]``)."""
+    names = [t.name for t in targets]
+    if name in names:
+        return name
+    base = name.split(":", 1)[0]
+    return next((n for n in names if n.split(":", 1)[0] == base), name)
+
+
+def _job_for(step: Step, values: Dict[str, str], target: Target) -> Job:
+    """The step's job on one target: MissingValue or cli.TargetInputError when it cannot run."""
+    return jobs.job_source(step.task, step.resolve(values, target))(target)
+
+
+def _plan(sr: StepRun, targets: Sequence[Target], values: Dict[str, str],
+          gone: Dict[str, Skip], earlier: Dict[str, StepRun]) -> List[Target]:
+    """The targets this step runs on; every other target gets its Skip."""
+    step = sr.step
+    missing = [p for p in step.params if p not in values]
+    eligible = []
+    for target in targets:
+        if missing:
+            skip = Skip(target.name, "param", f"parameter {missing[0]} not given "
+                                              f"(--param {missing[0]}=VALUE)")
+        elif target.name in gone:
+            skip = gone[target.name]
+        else:
+            skip = None
+            for cond in step.when:
+                status = earlier[cond.step].status_of(target.name)
+                if not cond.holds(status):
+                    seen = f"it was {status}" if status else "it did not run"
+                    skip = Skip(target.name, "when", f"when: {cond} does not hold ({seen})")
+                    break
+            if skip is None:
+                try:
+                    _job_for(step, values, target)
+                except (runbook.MissingValue, cli.TargetInputError) as exc:
+                    skip = Skip(target.name, "setting", str(exc))
+        if skip is None:
+            eligible.append(target)
+        else:
+            sr.skipped.append(skip)
+    return eligible
+
+
+def _leave(sr: StepRun, gone: Dict[str, Skip]) -> None:
+    """Targets that leave the run after this step: unreachable, or stopped by ``stop_if:``."""
+    step = sr.step
+    for result in sr.results:
+        owner = sr.owner(result)
+        if owner in gone:
+            continue
+        layer = result.error.layer if result.status == "error" and result.error else None
+        if layer in DROP_LAYERS:
+            gone[owner] = Skip(owner, "unreachable", f"left the run at step {sr.number} "
+                                                     f"({step.id}): {layer}")
+    if step.stop_if:
+        for owner in dict.fromkeys(sr.owner(r) for r in sr.results):
+            status = sr.status_of(owner)
+            if owner not in gone and runbook.Condition(step.id, step.stop_if).holds(status):
+                gone[owner] = Skip(owner, "stopped", f"stopped after step {sr.number} "
+                                                     f"({step.id}: {status}; stop_if: {step.stop_if})")
+
+
+def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
+        parallel: int = runner.DEFAULT_PARALLEL, timeout: Optional[float] = None,
+        keep_remote: bool = False, run_many: Callable[..., List[Result]] = runner.run_many,
+        on_result: Optional[Callable[[StepRun, Result], None]] = None,
+        on_step: Optional[Callable[[StepRun, List[Target]], None]] = None) -> RunbookRun:
+    """Run every step of ``book`` on ``targets``. ``params``: the command line's, checked here
+    (InputError for an undeclared one). Returns what ran and what was skipped, also when
+    interrupted (``interrupted`` set)."""
+    values = book.param_values(params)
+    record = RunbookRun(runbook=book, targets=[t.name for t in targets], params=dict(params),
+                        started=datetime.now(timezone.utc))
+    t0 = time.monotonic()
+    gone: Dict[str, Skip] = {}
+    by_id: Dict[str, StepRun] = {}
+    pool = SshPool()
+    try:
+        for number, step in enumerate(book.steps, 1):
+            sr = StepRun(number, step)
+            record.steps.append(sr)
+            by_id[step.id] = sr
+            if record.interrupted:
+                sr.skipped = [Skip(t.name, "interrupted", "the run was interrupted")
+                              for t in targets]
+                continue
+            eligible = _plan(sr, targets, values, gone, by_id)
+            if on_step:
+                on_step(sr, eligible)
+            if not eligible:
+                continue
+            arrived: List[Result] = []
+
+            def job_for(target: Target, step=step) -> Job:
+                job = _job_for(step, values, target)
+                limit = timeout if timeout is not None else step.timeout
+                return replace(job, timeout=limit if limit is not None else job.timeout,
+                               keep_remote=keep_remote or job.keep_remote)
+
+            def got(result: Result, sr=sr, arrived=arrived) -> None:
+                sr.owners[result.target] = _owner_of(result.target, targets)
+                arrived.append(result)
+                if on_result:
+                    on_result(sr, result)
+
+            try:
+                sr.results = run_many(eligible, job_for, parallel=parallel, pool=pool,
+                                      on_result=got)
+            except KeyboardInterrupt:
+                record.interrupted = True
+                sr.results = list(arrived)
+                answered = {sr.owner(r) for r in arrived}
+                sr.skipped += [Skip(t.name, "interrupted", "the run was interrupted")
+                               for t in eligible if t.name not in answered]
+            _leave(sr, gone)
+    finally:
+        pool.close()
+        record.duration_s = time.monotonic() - t0
+    return record
+
+
+# ---------------------------------------------------------------------------- the task's glue
+
+def _parse_params(values: Sequence[str]) -> Dict[str, str]:
+    params: Dict[str, str] = {}
+    for item in values or ():
+        name, sep, value = item.partition("=")
+        if not sep or not runbook.PARAM_NAME.fullmatch(name):
+            raise InputError(f"--param {item!r}: expected NAME=VALUE")
+        params[name] = value
+    return params
+
+
+def _dirs(hosts_file: Optional[str], runbooks_dirs: Sequence[str]):
+    return runbook.search_dirs(topology.load(hosts_file).runbook_dirs, runbooks_dirs or ())
+
+
+def _step_dir(save: str, sr: StepRun) -> str:
+    return os.path.join(save, "steps", f"{sr.number:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', sr.step.id)}")
+
+
+def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
+            runbooks_dirs: Sequence[str] = (), fmt: Optional[str] = None,
+            out: Optional[TextIO] = None) -> RunbookRun:
+    """``runbook NAME``: run it, print the report, write it to ``--save``; raises ``Exit``."""
+    out = out or sys.stdout
+    fmt = "json" if opts.json else (fmt or "md")
+    try:
+        if fmt not in FORMATS:
+            raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+        if not name:
+            raise InputError("name a runbook: `runbook NAME` (`runbook --list` shows them)")
+        timeout = cli.parse_positive_number("--timeout", opts.timeout)
+        parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
+        book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
+        given = _parse_params(params)
+        book.param_values(given)
+        targets = cli.select_targets(opts)
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+
+    live = sys.stderr.isatty()
+
+    def on_step(sr: StepRun, eligible: List[Target]) -> None:
+        if live:
+            sys.stderr.write(f"\r\033[Kstep {sr.number}/{len(book.steps)} {sr.step.id}: "
+                             f"{len(eligible)} target(s)")
+            sys.stderr.flush()
+
+    def on_result(sr: StepRun, result: Result) -> None:
+        if opts.save:
+            cli.save_result(_step_dir(opts.save, sr), result)
+
+    try:
+        record = run(book, targets, given, parallel=parallel or runner.DEFAULT_PARALLEL,
+                     timeout=timeout, keep_remote=opts.keep_remote, on_result=on_result,
+                     on_step=on_step)
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    finally:
+        if live:
+            sys.stderr.write("\r\033[K")
+    if opts.save:
+        for sr in record.steps:
+            if sr.results:
+                cli.save_summary(_step_dir(opts.save, sr), sr.results)
+        with open(os.path.join(opts.save, "report.md"), "w") as f:
+            report.render_markdown(record, f, version=__version__)
+        with open(os.path.join(opts.save, "report.json"), "w") as f:
+            report.render_json(record, f, version=__version__)
+    if fmt == "json":
+        report.render_json(record, out, version=__version__)
+    else:
+        report.render_markdown(record, out, version=__version__)
+    out.flush()
+    if record.exit_code:
+        raise Exit("mldiag: interrupted" if record.interrupted else None, code=record.exit_code)
+    return record
+
+
+def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as_json: bool = False,
+                  out: Optional[TextIO] = None) -> None:
+    """``runbook --list``: every runbook found, with its description and parameters. A broken
+    file is named on stderr (file:line) and makes the exit code 4; the others are still listed."""
+    out = out or sys.stdout
+    try:
+        found = runbook.files(_dirs(hosts_file, runbooks_dirs))
+    except InputError as exc:
+        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    books, errors = [], []
+    for name, (path, label) in found.items():
+        try:
+            books.append(runbook.load(path, label))
+        except InputError as exc:
+            errors.append(exc)
+    if as_json:
+        json.dump([{"name": b.name, "description": b.description, "source": b.source,
+                    "path": b.path, "steps": [s.id for s in b.steps],
+                    "params": [{"name": p.name, "description": p.description,
+                                "default": p.default} for p in b.params]} for b in books],
+                  out, indent=2)
+        out.write("\n")
+    else:
+        report.render_list(books, out)
+    out.flush()
+    if errors:
+        raise Exit("\n".join(f"mldiag: {exc}" for exc in errors), code=errors[0].exit_code)

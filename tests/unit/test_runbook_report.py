@@ -1,0 +1,405 @@
+"""The runbook report against literal expected output: a fixed run (three targets, one of them
+unreachable at the first step, a crashed diagnostic, a step skipped for want of a parameter),
+a fixed time and a fixed mldiag version."""
+
+import io
+import json
+import textwrap
+from datetime import datetime, timezone
+
+from diagnostics import report, runbook
+from diagnostics.results import ErrorInfo, Finding, Result
+from diagnostics.runbook_run import RunbookRun, Skip, StepRun
+
+BOOK = runbook.loads(textwrap.dedent("""\
+    description: Training is slow on the test targets
+    params:
+      log: {description: the training log}
+    steps:
+      - task: gpu-status
+        title: busy or throttled GPUs?
+      - task: env-report
+      - task: check-attn
+        stop_if: error
+      - id: log
+        task: scan-log
+        args: {path: "{{ params.log }}"}
+    """), "/books/slow.yaml", "/books")
+
+
+def gpu(used, util, reasons=()):
+    return {"index": 0, "name": "NVIDIA H200", "memory_used_mib": used, "memory_total_mib": 143771,
+            "utilization_gpu_pct": util, "clocks_event_reasons": {"names": list(reasons)}}
+
+
+def fixed_run():
+    s1, s2, s3, s4 = (StepRun(i + 1, step) for i, step in enumerate(BOOK.steps))
+    s1.results = [
+        Result("gpu-status", "trainbox", "ok", "1× NVIDIA H200: healthy; GPU 0 busy (71 GiB, pid 4242)",
+               findings=[Finding("info", "gpu-busy", "GPU 0 busy: 71 GiB held by pid 4242 (python train.py)")],
+               data={"gpus": [gpu(72704, 98)]}, duration_s=0.5),
+        Result("gpu-status", "sickbox", "fail", "1× NVIDIA H200: GPU 0: HW thermal slowdown",
+               findings=[Finding("fail", "clocks-hw-thermal", "GPU 0: HW thermal slowdown active at 93 C",
+                                 "check the cooling: fans, airflow, inlet temperature")],
+               data={"gpus": [gpu(0, 0, ["hw_slowdown", "hw_thermal_slowdown"])]}, duration_s=0.5),
+        Result.failure("gpu-status", "deadbox", "unreachable", "connect to 10.0.0.9:22: connection refused",
+                       duration_s=0.1),
+    ]
+    s1.skipped = []
+    s2.results = [
+        Result("env-report", "trainbox", "ok", "python 3.11.2 · torch 2.13.0",
+               data={"packages": {"torch": "2.13.0"}, "os": {"hostname": "a"}}),
+        Result("env-report", "sickbox", "warn", "python 3.11.2 · torch 2.12.1",
+               findings=[Finding("warn", "pip-check", "transformers 5.2.0 requires huggingface-hub>=1.0")],
+               data={"packages": {"torch": "2.12.1"}, "os": {"hostname": "b"}}),
+    ]
+    s2.skipped = [Skip("deadbox", "unreachable", "left the run at step 1 (gpu-status): unreachable")]
+    s3.results = [
+        Result("check-attn", "trainbox", "warn", "Qwen3NextForCausalLM: sdpa on 1 attention module",
+               findings=[Finding("warn", "fla-missing", "3 of 4 layers are linear attention and "
+                                 "flash-linear-attention is missing: slow torch fallback",
+                                 "pip install flash-linear-attention causal-conv1d")]),
+        Result("check-attn", "sickbox", "error", "crashed: KeyError",
+               error=ErrorInfo("crashed", "KeyError", "KeyError: 'model.layers.*' in <module>",
+                               traceback="Traceback (most recent call last):\n  ...\nKeyError: 'x'")),
+    ]
+    s3.skipped = [Skip("deadbox", "unreachable", "left the run at step 1 (gpu-status): unreachable")]
+    s4.skipped = [Skip(t, "param", "parameter log not given (--param log=VALUE)")
+                  for t in ("trainbox", "sickbox", "deadbox")]
+    return RunbookRun(runbook=BOOK, targets=["trainbox", "sickbox", "deadbox"], params={},
+                      started=datetime(2025, 6, 1, 12, 0, 0, tzinfo=timezone.utc), duration_s=12.34,
+                      steps=[s1, s2, s3, s4])
+
+
+EXPECTED = r"""# Runbook `slow`
+
+Training is slow on the test targets
+
+- **Targets:** deadbox,sickbox,trainbox (3)
+- **Parameters:** none given
+- **Started:** 2025-06-01 12:00:00 UTC, took 12.3 s
+- **mldiag:** 0.1.0 (runbook: /books/slow.yaml)
+- **Result:** error (exit 3): 2 ok · 2 warn · 1 fail · 2 error (1 unreachable, 1 crashed)
+
+## Summary
+
+| Step | trainbox | sickbox | deadbox |
+|---|---|---|---|
+| 1. gpu-status: busy or throttled GPUs? | ok | fail | error |
+| 2. env-report | ok | warn | skipped (unreachable) |
+| 3. check-attn | warn | error | skipped (unreachable) |
+| 4. log | skipped (param) | skipped (param) | skipped (param) |
+
+## Findings
+
+- **error** · 1. gpu-status · deadbox · `unreachable`: connect to 10.0.0.9:22: connection refused
+- **error** · 3. check-attn · sickbox · `crashed`: KeyError: 'model.layers.\*' in \<module>
+- **fail** · 1. gpu-status · sickbox · `clocks-hw-thermal`: GPU 0: HW thermal slowdown active at 93 C
+  - hint: check the cooling: fans, airflow, inlet temperature
+- **warn** · 2. env-report · sickbox · `pip-check`: transformers 5.2.0 requires huggingface-hub>=1.0
+- **warn** · 3. check-attn · trainbox · `fla-missing`: 3 of 4 layers are linear attention and flash-linear-attention is missing: slow torch fallback
+  - hint: pip install flash-linear-attention causal-conv1d
+- **info** · 1. gpu-status · trainbox · `gpu-busy`: GPU 0 busy: 71 GiB held by pid 4242 (python train.py)
+
+## Skipped
+
+- 2. env-report on deadbox: left the run at step 1 (gpu-status): unreachable
+- 3. check-attn on deadbox: left the run at step 1 (gpu-status): unreachable
+- 4. log on deadbox,sickbox,trainbox: parameter log not given (--param log=VALUE)
+
+## Steps
+
+### 1. gpu-status: busy or throttled GPUs?
+
+- deadbox: **error** · unreachable: connect to 10.0.0.9:22: connection refused
+- sickbox: **fail** · 1× NVIDIA H200: GPU 0: HW thermal slowdown
+- trainbox: **ok** · 1× NVIDIA H200: healthy; GPU 0 busy (71 GiB, pid 4242)
+
+GPUs in use, throttled or in error (2 of 2):
+
+| Target | GPU | Name | Memory | Util | Temp | Power | Clock events |
+|---|---|---|---|---|---|---|---|
+| trainbox | 0 | NVIDIA H200 | 71.0/140 GiB | 98% | - | - | - |
+| sickbox | 0 | NVIDIA H200 | 0.0/140 GiB | 0% | - | - | hw_slowdown,hw_thermal_slowdown |
+
+### 2. env-report
+
+- sickbox: **warn** · python 3.11.2 · torch 2.12.1
+- trainbox: **ok** · python 3.11.2 · torch 2.13.0
+
+Drift across 2 targets:
+- torch: 2.13.0 on trainbox, 2.12.1 on sickbox
+
+### 3. check-attn
+
+- sickbox: **error** · crashed: KeyError
+- trainbox: **warn** · Qwen3NextForCausalLM: sdpa on 1 attention module
+
+### 4. log (scan-log)
+
+Did not run (see Skipped).
+
+## Raw results
+
+<details>
+<summary>7 result documents (JSON)</summary>
+
+#### 1. gpu-status · trainbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "gpu-status",
+  "target": "trainbox",
+  "status": "ok",
+  "summary": "1× NVIDIA H200: healthy; GPU 0 busy (71 GiB, pid 4242)",
+  "findings": [
+    {
+      "level": "info",
+      "code": "gpu-busy",
+      "message": "GPU 0 busy: 71 GiB held by pid 4242 (python train.py)"
+    }
+  ],
+  "data": {
+    "gpus": [
+      {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "memory_used_mib": 72704,
+        "memory_total_mib": 143771,
+        "utilization_gpu_pct": 98,
+        "clocks_event_reasons": {
+          "names": []
+        }
+      }
+    ]
+  },
+  "log": [],
+  "error": null,
+  "duration_s": 0.5
+}
+```
+
+#### 1. gpu-status · sickbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "gpu-status",
+  "target": "sickbox",
+  "status": "fail",
+  "summary": "1× NVIDIA H200: GPU 0: HW thermal slowdown",
+  "findings": [
+    {
+      "level": "fail",
+      "code": "clocks-hw-thermal",
+      "message": "GPU 0: HW thermal slowdown active at 93 C",
+      "hint": "check the cooling: fans, airflow, inlet temperature"
+    }
+  ],
+  "data": {
+    "gpus": [
+      {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "memory_used_mib": 0,
+        "memory_total_mib": 143771,
+        "utilization_gpu_pct": 0,
+        "clocks_event_reasons": {
+          "names": [
+            "hw_slowdown",
+            "hw_thermal_slowdown"
+          ]
+        }
+      }
+    ]
+  },
+  "log": [],
+  "error": null,
+  "duration_s": 0.5
+}
+```
+
+#### 1. gpu-status · deadbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "gpu-status",
+  "target": "deadbox",
+  "status": "error",
+  "summary": "unreachable: connect to 10.0.0.9:22: connection refused",
+  "findings": [],
+  "data": {},
+  "log": [],
+  "error": {
+    "layer": "unreachable",
+    "type": "unreachable",
+    "message": "connect to 10.0.0.9:22: connection refused",
+    "traceback": null,
+    "stderr": null
+  },
+  "duration_s": 0.1
+}
+```
+
+#### 2. env-report · trainbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "env-report",
+  "target": "trainbox",
+  "status": "ok",
+  "summary": "python 3.11.2 · torch 2.13.0",
+  "findings": [],
+  "data": {
+    "packages": {
+      "torch": "2.13.0"
+    },
+    "os": {
+      "hostname": "a"
+    }
+  },
+  "log": [],
+  "error": null,
+  "duration_s": 0.0
+}
+```
+
+#### 2. env-report · sickbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "env-report",
+  "target": "sickbox",
+  "status": "warn",
+  "summary": "python 3.11.2 · torch 2.12.1",
+  "findings": [
+    {
+      "level": "warn",
+      "code": "pip-check",
+      "message": "transformers 5.2.0 requires huggingface-hub>=1.0"
+    }
+  ],
+  "data": {
+    "packages": {
+      "torch": "2.12.1"
+    },
+    "os": {
+      "hostname": "b"
+    }
+  },
+  "log": [],
+  "error": null,
+  "duration_s": 0.0
+}
+```
+
+#### 3. check-attn · trainbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "check-attn",
+  "target": "trainbox",
+  "status": "warn",
+  "summary": "Qwen3NextForCausalLM: sdpa on 1 attention module",
+  "findings": [
+    {
+      "level": "warn",
+      "code": "fla-missing",
+      "message": "3 of 4 layers are linear attention and flash-linear-attention is missing: slow torch fallback",
+      "hint": "pip install flash-linear-attention causal-conv1d"
+    }
+  ],
+  "data": {},
+  "log": [],
+  "error": null,
+  "duration_s": 0.0
+}
+```
+
+#### 3. check-attn · sickbox
+
+```json
+{
+  "schema": 1,
+  "diagnostic": "check-attn",
+  "target": "sickbox",
+  "status": "error",
+  "summary": "crashed: KeyError",
+  "findings": [],
+  "data": {},
+  "log": [],
+  "error": {
+    "layer": "crashed",
+    "type": "KeyError",
+    "message": "KeyError: 'model.layers.*' in <module>",
+    "traceback": "Traceback (most recent call last):\n  ...\nKeyError: 'x'",
+    "stderr": null
+  },
+  "duration_s": 0.0
+}
+```
+
+</details>
+"""
+
+
+def test_markdown_report_is_exactly_the_expected_one():
+    out = io.StringIO()
+    report.render_markdown(fixed_run(), out, version="0.1.0")
+    assert out.getvalue() == EXPECTED
+
+
+def test_markdown_on_an_ascii_stream_falls_back_to_ascii_symbols():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    report.render_markdown(fixed_run(), stream, version="0.1.0")
+    stream.flush()
+    text = raw.getvalue().decode("ascii")
+    assert "- **warn** - 2. env-report - sickbox - `pip-check`: transformers" in text
+    assert "1\\xd7 NVIDIA H200" in text       # remote text that ASCII cannot hold: escaped, not lost
+
+
+def test_json_report_holds_every_step_result_and_skip():
+    out = io.StringIO()
+    report.render_json(fixed_run(), out, version="0.1.0")
+    doc = json.loads(out.getvalue())
+    assert {k: doc[k] for k in ("schema", "runbook", "source", "path", "mldiag_version", "started",
+                                "duration_s", "targets", "params", "status", "exit_code",
+                                "interrupted")} == {
+        "schema": 1, "runbook": "slow", "source": "/books", "path": "/books/slow.yaml",
+        "mldiag_version": "0.1.0", "started": "2025-06-01T12:00:00+00:00", "duration_s": 12.34,
+        "targets": ["trainbox", "sickbox", "deadbox"], "params": {}, "status": "error",
+        "exit_code": 3, "interrupted": False}
+    assert [(s["number"], s["id"], s["task"]) for s in doc["steps"]] == [
+        (1, "gpu-status", "gpu-status"), (2, "env-report", "env-report"), (3, "check-attn", "check-attn"),
+        (4, "log", "scan-log")]
+    assert doc["steps"][3]["args"] == {"path": "{{ params.log }}"}
+    assert [r["target"] for r in doc["steps"][0]["results"]] == ["trainbox", "sickbox", "deadbox"]
+    assert doc["steps"][0]["results"][2]["error"]["layer"] == "unreachable"
+    assert doc["steps"][1]["skipped"] == [{"target": "deadbox", "kind": "unreachable",
+                                           "reason": "left the run at step 1 (gpu-status): unreachable"}]
+
+
+def test_markdown_escaping():
+    assert report._md("a*b <x> [l](u) __init__ hw_thermal_slowdown") == \
+        "a\\*b \\<x> [l]\\(u) \\_\\_init\\_\\_ hw_thermal_slowdown"
+    # the diagnostics' own code spans stay code (their insides untouched); a lone backtick is text
+    assert report._md("run `nvidia-smi -q` or `a*b` and ``x`y`` `") == \
+        "run `nvidia-smi -q` or `a*b` and ``x`y`` \\`"
+    assert report._cell("a|b") == "a\\|b"
+    assert report._code("x`y") == "``x`y``" and report._code("`x") == "`` `x ``"
+    assert report._fence("a\n```\nb") == ["````", "a\n```\nb", "````"]
+
+
+def test_list_view():
+    out = io.StringIO()
+    report.render_list([BOOK], out)
+    assert out.getvalue() == (
+        "NAME  SOURCE  DESCRIPTION\n"
+        "slow  /books  Training is slow on the test targets\n"
+        "              --param log=...  the training log\n")
