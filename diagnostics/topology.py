@@ -65,6 +65,9 @@ HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
 # ClusterShell builds every index of a node set in memory (~4 s per million), so
 # `n[1-999999999]` would hang: bound the size before expanding.
 MAX_NODES = 100_000
+# 1 MiB holds ~25,000 one-line hosts and parses in ~4 s; a larger file is a mistake
+# (a log or a dump named by accident), refused before it is parsed.
+MAX_FILE_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Target:
     models: Tuple[Tuple[str, str], ...] = ()  # (name, path); the first is the default
     gpus: Optional[int] = None
     slurm: Optional[Slurm] = None
+    tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
     # Set by the runner on a Slurm node row (``cluster-a:n3``): (allocation job id, node name).
     slurm_step: Optional[Tuple[str, str]] = None
@@ -402,7 +406,7 @@ _Loader.add_constructor(None, _Loader.construct_unknown_tag)
 def _read_text(path: str) -> str:
     try:
         with open(path, "rb") as stream:
-            data = stream.read()
+            data = stream.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         named_by = os.environ.get(HOSTS_FILE_ENV) == path
         raise InputError("hosts file not found" + (f" (named by ${HOSTS_FILE_ENV})" if named_by
@@ -411,6 +415,10 @@ def _read_text(path: str) -> str:
         raise InputError("is a directory, expected a hosts.yaml file", file=path) from None
     except OSError as exc:
         raise InputError(f"cannot read the hosts file: {exc.strerror or exc}", file=path) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"larger than {MAX_FILE_BYTES // 2**20} MiB, the most a hosts file may be "
+                         "(write node ranges such as gpu[001-512] rather than one entry per node)",
+                         file=path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -655,6 +663,14 @@ def _identity_file(value: Any, at: _At) -> str:
     return path
 
 
+def _directory(value: Any, at: _At) -> str:
+    """An absolute directory on the target (travels in the bundle's header, never on a command line)."""
+    path = _shell_token(value, at)
+    if not path.startswith("/"):
+        raise at.error(f"expected an absolute path, got {_show(path)}")
+    return path
+
+
 def _activate(value: Any, at: _At) -> Tuple[str, ...]:
     if not isinstance(value, str):
         raise at.error(f"expected a string of words, got {_show(value)}")
@@ -718,7 +734,7 @@ def _keep(value: Any, at: _At) -> Any:
 
 
 _CHECKS: Dict[str, Callable[[Any, _At], Any]] = {
-    "user": _argument, "port": _port, "python": _argument, "timeout": _seconds,
+    "user": _argument, "port": _port, "python": _argument, "tmpdir": _directory, "timeout": _seconds,
     "connect_timeout": _seconds, "identity_file": _identity_file,
     "host_key_policy": _choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": _string, "jump": _name, "local": _boolean,
@@ -734,9 +750,9 @@ _WRITTEN_AS_TEXT = ("id",)   # a number here is a name: keep its spelling
 TOP_KEYS = ("defaults", "hosts", "groups", "runbooks")
 CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_timeout",
                    "host_key_policy")
-RUN_KEYS = ("python", "timeout", "env", "activate")
+RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "targets",
-                 "identity_file", "host_key_policy", "become", "env", "activate")
+                 "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir")
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
     "models", "gpus", "containers", "slurm")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
@@ -962,7 +978,8 @@ def _target(name: str, settings: Dict[str, Any], source: _At, **placement: Any) 
                   activate=settings.get("activate", ()),
                   env=tuple(settings.get("env", {}).items()),
                   timeout=settings.get("timeout", 300.0), models=settings.get("models", ()),
-                  gpus=settings.get("gpus"), source=(source.file, source.line), **placement)
+                  gpus=settings.get("gpus"), tmpdir=settings.get("tmpdir"),
+                  source=(source.file, source.line), **placement)
 
 
 def _become_for(entry: _HostEntry, defaults: _Fields) -> Optional[str]:
