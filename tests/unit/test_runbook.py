@@ -483,3 +483,16 @@ def test_a_runbook_on_the_local_target_writes_its_report(tmp_path):
     doc = json.loads(j.stdout)
     assert doc["steps"][1]["skipped"] == [{"target": "local", "kind": "param",
                                            "reason": "parameter log not given (--param log=VALUE)"}]
+
+
+def test_the_readme_example_is_a_valid_runbook(tmp_path):
+    readme = open(os.path.join(REPO, "README.md")).read()
+    example = readme.split("### Writing a runbook", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    book = runbook.loads(example, str(tmp_path / "triage.yaml"))
+    assert [s.id for s in book.steps] == ["gpu-status", "kernel-log", "check-attn"]
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "triage.yaml").write_text(example.replace("when: gpu-status.fail", "when: gpu-stats.fail"))
+    with pytest.raises(InputError) as exc:
+        runbook.load(str(tmp_path / "team" / "triage.yaml"))
+    shown = readme.split("exit 4:\n  `team/triage.yaml:", 1)[1].split("`.", 1)[0]
+    assert str(exc.value) == f"{tmp_path / 'team' / 'triage.yaml'}:{shown}"
