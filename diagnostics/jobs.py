@@ -11,6 +11,7 @@ step on that target.
 """
 
 import difflib
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -113,15 +114,21 @@ def model_argv(target: Target, model: Optional[str]) -> List[str]:
     return ["--model", path]
 
 
+@functools.lru_cache(maxsize=None)
+def _script_job(task: str) -> bundle.Job:
+    """The script read once per process (a runbook builds a job per step and target)."""
+    return bundle.script_job(task)
+
+
 def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundle.Job]:
     """``Target -> Job`` for ``task`` with ``values`` (keys: dash or underscore names; None or
-    False: not given). The script is read once, here."""
+    False: not given)."""
     spec = TASKS[task]
     given = {key.replace("_", "-"): value for key, value in values.items()}
     unknown = set(given) - {a.name for a in spec.args}
     if unknown:
         raise ValueError(f"{task}: no argument {', '.join(sorted(unknown))}")
-    base = bundle.script_job(task)
+    base = _script_job(task)
 
     def job(target: Target) -> bundle.Job:
         argv: List[str] = []

@@ -244,6 +244,9 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
             raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
         if not name:
             raise InputError("name a runbook: `runbook NAME` (`runbook --list` shows them)")
+        if name.startswith("-"):   # Invoke hands a task's positional whatever comes first
+            raise InputError(f"{name!r} is not a runbook name (help: `inv --help runbook`; "
+                             "`runbook --list` shows the runbooks)")
         timeout = cli.parse_positive_number("--timeout", opts.timeout)
         parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
         book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))

@@ -174,6 +174,9 @@ class RunbookTask(MldiagTask):
 
 @task(klass=RunbookTask, positional=["name"], iterable=["param", "runbooks_dir"], help=_help(
     diff=None, name="the runbook to run (file NAME.yaml in a runbook directory)",
+    json="print the report as JSON (the same as --format json; nothing else on stdout)",
+    timeout="seconds each step's diagnostic may run on the target (default: the step's, "
+            "else hosts.yaml's)",
     list="list the runbooks found, with their descriptions and parameters",
     param="a runbook parameter, NAME=VALUE (repeatable), e.g. --param log=/var/log/train.log",
     format="report format: md (default) or json (--json is the same as --format json)",

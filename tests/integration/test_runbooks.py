@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import runbook, runbook_run, runner, topology
+from diagnostics import __version__, runbook, runbook_run, runner, topology
 from tests.integration.test_diagnostics_remote import bind, ct, mldiag, mlenv, tiny_models_in_ct
 
 
@@ -137,7 +137,7 @@ def test_slow_training(lab_setup, tmp_path):
     assert out.startswith("# Runbook `slow-training`\n\nTraining is slow - busy or throttled GPUs")
     assert "- **Targets:** llama,trainbox (2)\n" in out
     assert f"- **Parameters:** `log`=`{logs / 'hf_trainer_nan_loss.log'}`\n" in out
-    assert "- **mldiag:** 0.1.0 (runbook: built-in)\n" in out
+    assert f"- **mldiag:** {__version__} (runbook: built-in)\n" in out
     assert "| 4. scan-log: errors in the training log | fail |" in out    # both targets: one column
     findings = out.split("## Findings\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     levels = [line.split("**")[1] for line in findings if line.startswith("- **")]

@@ -440,6 +440,7 @@ def test_list_shows_the_runbooks_and_a_broken_one_exits_4(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["runbook"], "'runbook' did not receive required positional arguments: 'name'"),
     (["runbook", "nosuch"], "unknown runbook 'nosuch'"),
+    (["runbook", "--help"], "'--help' is not a runbook name (help: `inv --help runbook`"),
     (["runbook", "slow-training", "--param", "lg=/x"], "runbook 'slow-training' has no parameter 'lg'"),
     (["runbook", "slow-training", "--param", "log"], "--param 'log': expected NAME=VALUE"),
     (["runbook", "slow-training", "--format", "xml"], "--format: expected one of md, json, got 'xml'"),
