@@ -85,3 +85,49 @@ def test_a_dead_node_is_reported_while_the_others_report(lab, hosts_file):
     assert "slurm node n3" in dead["error"]["message"]
     assert elapsed < 60 + 15
     assert jobs_of_mlsh(lab) == []
+
+
+def test_a_hung_node_is_reported_within_the_timeout_while_the_others_report(lab, hosts_file):
+    """n2's slurmd is SIGSTOPped (a node wedged in D state looks like this to srun): its row
+    ends at the client-side bound (timeout + grace), the other three report at once."""
+    lab.slurm_stop_node("n2", signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = mldiag("ping", "--hosts-file", str(hosts_file), "-H", "cluster-a", "--json",
+                   "--timeout", "5")
+        elapsed = time.monotonic() - t0
+    finally:
+        lab.slurm_start_node("n2")
+    docs = {d["target"]: d for d in json.loads(r.stdout)}
+    assert r.returncode == 3, r.stderr
+    for node in ("n1", "n3", "n4"):
+        assert docs[f"cluster-a:{node}"]["status"] == "ok", docs[f"cluster-a:{node}"]["summary"]
+    hung = docs["cluster-a:n2"]
+    # srun gives up first here (MessageTimeout, 10 s by default: "slurm node n2: srun: error:
+    # ... Socket timed out on send/recv operation", after ~15 s); with a longer MessageTimeout
+    # the client's own bound (timeout + grace) ends the row as `timeout`
+    assert hung["status"] == "error" and hung["error"]["layer"] in ("timeout", "unreachable"), hung
+    if hung["error"]["layer"] == "unreachable":
+        assert "slurm node n2" in hung["error"]["message"], hung
+    assert elapsed < 5 + runner.CLIENT_GRACE_S + 15, elapsed
+    end = time.monotonic() + 30       # the allocation is cancelled once n2 answers again
+    while jobs_of_mlsh(lab) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert jobs_of_mlsh(lab) == []
+
+
+def test_interpreter_and_env_settings_apply_inside_the_allocation(lab, tmp_path):
+    hosts_file = lab.hosts_yaml(HOSTS.replace(
+        "    slurm: {nodes: 3, nodelist: \"n[1-3]\"}\n",
+        "    slurm: {nodes: 3, nodelist: \"n[1-3]\"}\n"
+        "    python: /usr/bin/python3\n"
+        "    env: {MLDIAG_PROBE: from-hosts-yaml, HF_HOME: /dev/shm/hf}\n"))
+    script = tmp_path / "probe.py"
+    script.write_text("import os, socket, sys\n"
+                      "print(sys.executable, socket.gethostname(), os.environ['MLDIAG_PROBE'],"
+                      " os.environ['HF_HOME'])\n")
+    r = mldiag("run-script", str(script), "--hosts-file", str(hosts_file), "-H", "cluster-b", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    outs = {d["target"]: d["data"]["stdout"] for d in json.loads(r.stdout)}
+    assert outs == {f"cluster-b:n{i}": f"/usr/bin/python3 n{i} from-hosts-yaml /dev/shm/hf\n"
+                    for i in (1, 2, 3)}
