@@ -238,9 +238,14 @@ def _appendix(run) -> List[str]:
     return lines + ["", "</details>"]
 
 
-def render_markdown(run, stream: TextIO, *, version: str) -> None:
+def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True) -> None:
+    """The whole report; ``appendix=False`` leaves the raw result documents out (a terminal:
+    tens of KB of JSON would bury the report) and says where they are."""
+    tail = _appendix(run) if appendix else [
+        "## Raw results", "", "Left out on a terminal: `--save DIR` writes them into DIR/report.md, "
+        "`--format json` prints them, and a pipe or a redirect gets the whole report."]
     sections = [_header(run, version), _summary(run), _findings(run), _skipped(run),
-                _steps(run), _appendix(run)]
+                _steps(run), tail]
     render._emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
 
 

@@ -288,11 +288,18 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     if fmt == "json":
         report.render_json(record, out, version=__version__)
     else:
-        report.render_markdown(record, out, version=__version__)
+        report.render_markdown(record, out, version=__version__, appendix=not _isatty(out))
     out.flush()
     if record.exit_code:
         raise Exit("mldiag: interrupted" if record.interrupted else None, code=record.exit_code)
     return record
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as_json: bool = False,

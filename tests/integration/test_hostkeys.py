@@ -85,3 +85,15 @@ def test_authentication_refused_is_auth(lab, tmp_path):
     r = ping(lab, f"hosts:\n  main: {{identity_file: {stranger}}}\n", "main")
     assert r.status == "error" and r.error.layer == "auth"
     assert "authentication refused for mlsh@" in r.error.message
+
+
+def test_ssh_config_strict_host_key_checking_accept_new_is_honoured(lab, ssh_setup, tmp_path):
+    """`StrictHostKeyChecking accept-new` in ssh_config (no host_key_policy in hosts.yaml)
+    records the new key in that config's UserKnownHostsFile, as OpenSSH does."""
+    cfg = tmp_path / "ssh_config_accept_new"
+    with open(os.environ["MLDIAG_SSH_CONFIG"]) as f:
+        cfg.write_text(f.read().replace("StrictHostKeyChecking yes", "StrictHostKeyChecking accept-new", 1))
+    os.environ["MLDIAG_SSH_CONFIG"] = str(cfg)        # ssh_setup puts the old value back
+    r = ping(lab, "hosts:\n  fresh: {}\n", "fresh")
+    assert r.status == "ok", r.to_dict()
+    assert ssh_setup.read_text().startswith(f"[{lab.main.address}]:{lab.main.port} ssh-ed25519 ")

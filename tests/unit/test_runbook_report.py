@@ -354,6 +354,15 @@ def test_markdown_report_is_exactly_the_expected_one():
     assert out.getvalue() == EXPECTED
 
 
+def test_without_the_appendix_the_report_is_the_same_up_to_it_and_says_where_it_is():
+    out = io.StringIO()
+    report.render_markdown(fixed_run(), out, version="0.1.0", appendix=False)
+    head = EXPECTED[:EXPECTED.index("## Raw results")]
+    assert out.getvalue() == head + (
+        "## Raw results\n\nLeft out on a terminal: `--save DIR` writes them into DIR/report.md, "
+        "`--format json` prints them, and a pipe or a redirect gets the whole report.\n")
+
+
 def test_markdown_on_an_ascii_stream_falls_back_to_ascii_symbols():
     raw = io.BytesIO()
     stream = io.TextIOWrapper(raw, encoding="ascii")
