@@ -131,3 +131,26 @@ def test_interpreter_and_env_settings_apply_inside_the_allocation(lab, tmp_path)
     outs = {d["target"]: d["data"]["stdout"] for d in json.loads(r.stdout)}
     assert outs == {f"cluster-b:n{i}": f"/usr/bin/python3 n{i} from-hosts-yaml /dev/shm/hf\n"
                     for i in (1, 2, 3)}
+
+
+def test_node_health_runbook_on_a_slurm_cluster(lab, hosts_file, tmp_path):
+    """Each step of a runbook on a Slurm login target gets its own allocation; every node is a
+    row of every step, and no allocation is left behind."""
+    r = mldiag("runbook", "node-health", "--hosts-file", str(hosts_file), "-H", "cluster-a",
+               "--format", "json", "--save", str(tmp_path / "out"))
+    doc = json.loads(r.stdout)
+    rows = [f"cluster-a:n{i}" for i in range(1, 5)]
+    ran = {step["id"]: {res["target"]: res["status"] for res in step["results"]} for step in doc["steps"]}
+    assert ran["ping"] == dict.fromkeys(rows, "ok") and ran["gpu-status"] == dict.fromkeys(rows, "ok")
+    assert ran["xid"] == {}
+    # the nodes' system python: env-report may warn about `pip check` (a distro package's broken
+    # requirement), the same on every node; nothing else
+    env = next(step for step in doc["steps"] if step["id"] == "env-report")["results"]
+    assert sorted(res["target"] for res in env) == rows
+    assert len({res["status"] for res in env}) == 1 and env[0]["status"] in ("ok", "warn")
+    assert {f["code"] for res in env for f in res["findings"] if f["level"] != "info"} <= {"pip-check"}
+    assert r.returncode == {"ok": 0, "warn": 1}[env[0]["status"]], r.stderr
+    xid = next(step for step in doc["steps"] if step["id"] == "xid")
+    assert [s["kind"] for s in xid["skipped"]] == ["param"], xid["skipped"]
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# Runbook `node-health`")
+    assert jobs_of_mlsh(lab) == []
