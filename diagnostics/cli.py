@@ -195,11 +195,12 @@ def internal_error(exc: BaseException) -> str:
     """One line for the terminal; the traceback goes to a private file named in it."""
     import tempfile
     import traceback
+    from .redact import redact_text
     fd, path = tempfile.mkstemp(prefix="mldiag-internal-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    return (f"mldiag: internal error (a bug of ours, please report it): {type(exc).__name__}: {exc}\n"
-            f"mldiag: full traceback in {path}")
+    with os.fdopen(fd, "w") as f:   # a file a user attaches to a bug report: no secrets in it
+        f.write(redact_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
+    return (f"mldiag: internal error (a bug of ours, please report it): {type(exc).__name__}: "
+            f"{redact_text(str(exc))}\nmldiag: full traceback in {path}")
 
 
 class Progress:

@@ -98,7 +98,7 @@ def _cell_of(sr, target: str) -> str:
 
 def _header(run, version: str) -> List[str]:
     book = run.runbook
-    params = ", ".join(f"{_code(k)}={_code(v)}" for k, v in run.params.items()) or "none given"
+    params = ", ".join(f"{_code(k)}={_code(v)}" for k, v in _shown_params(run).items()) or "none given"
     where = "built-in" if book.source == "built-in" else _md(book.path)
     return [
         f"# Runbook {_code(book.name)}", "",
@@ -238,6 +238,12 @@ def _appendix(run) -> List[str]:
     return lines + ["", "</details>"]
 
 
+def _shown_params(run) -> Dict[str, str]:
+    """--param values as a report may show them: secret names masked (``--param hf_token=...``)."""
+    from .redact import REDACTED, is_secret_name, redact_text
+    return {k: REDACTED if is_secret_name(k) else redact_text(str(v)) for k, v in run.params.items()}
+
+
 def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True) -> None:
     """The whole report; ``appendix=False`` leaves the raw result documents out (a terminal:
     tens of KB of JSON would bury the report) and says where they are."""
@@ -259,7 +265,7 @@ def report_dict(run, *, version: str) -> Dict[str, Any]:
         "source": book.source, "path": book.path, "mldiag_version": version,
         "started": run.started.isoformat(timespec="seconds"),
         "duration_s": round(run.duration_s, 3), "targets": list(run.targets),
-        "params": dict(run.params),
+        "params": _shown_params(run),
         "status": worst_status(r.status for r in results) if results else None,
         "exit_code": run.exit_code, "interrupted": run.interrupted,
         "steps": [{"number": sr.number, "id": sr.step.id, "task": sr.step.task,

@@ -70,3 +70,22 @@ def test_short_values_are_not_treated_as_secrets():
     # masking "1" would turn every digit of a report into <redacted>
     assert redact.known_secrets({"USE_TOKEN": "1"}) == ()
     assert redact.redact_document({"summary": "1 of 8"}, {"USE_TOKEN": "1"}) == {"summary": "1 of 8"}
+
+
+def test_internal_error_report_and_its_traceback_file_hold_no_secret():
+    from diagnostics import cli
+    import os
+    import re as re_
+    try:
+        raise RuntimeError(f"request failed with HF_TOKEN={HF}")
+    except RuntimeError as exc:
+        message = cli.internal_error(exc)
+    assert HF not in message and "HF_TOKEN=<redacted>" in message
+    path = re_.search(r"full traceback in (\S+)", message).group(1)
+    try:
+        text = open(path).read()
+        assert "Traceback (most recent call last)" in text and "RuntimeError" in text
+        assert HF not in text
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    finally:
+        os.unlink(path)

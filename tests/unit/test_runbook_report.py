@@ -412,3 +412,18 @@ def test_list_view():
         "NAME  SOURCE  DESCRIPTION\n"
         "slow  /books  Training is slow on the test targets\n"
         "              --param log=...  the training log\n")
+
+
+def test_parameters_with_secret_names_are_masked_in_both_reports():
+    run = fixed_run()
+    run.params = {"log": "/var/log/train.log", "hf_token": "hf_abcdefghijklmnopqrstuvwxyz0123456789",
+                  "url": "https://bob:pa55w0rd@hub.example.org/m"}
+    md, js = io.StringIO(), io.StringIO()
+    report.render_markdown(run, md, version="0.1.0")
+    report.render_json(run, js, version="0.1.0")
+    assert ("- **Parameters:** `log`=`/var/log/train.log`, `hf_token`=`<redacted>`, "
+            "`url`=`https://bob:<redacted>@hub.example.org/m`") in md.getvalue()
+    assert json.loads(js.getvalue())["params"] == {
+        "log": "/var/log/train.log", "hf_token": "<redacted>",
+        "url": "https://bob:<redacted>@hub.example.org/m"}
+    assert "abcdefghij" not in md.getvalue() + js.getvalue() and "pa55w0rd" not in md.getvalue() + js.getvalue()
