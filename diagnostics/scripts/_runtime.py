@@ -566,8 +566,22 @@ def _read_exact(stream, n):
 
 
 def _remove_tree(path):
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)
+    """shutil.rmtree(path, ignore_errors=True) without importing shutil (it pulls in bz2, lzma
+    and fnmatch: ~6 ms of CPU on every target). Symlinks are removed, never followed."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files + dirs:
+            entry = os.path.join(root, name)
+            try:
+                if name in files or os.path.islink(entry):
+                    os.unlink(entry)
+                else:
+                    os.rmdir(entry)
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
     return not os.path.exists(path)
 
 

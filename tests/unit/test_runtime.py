@@ -255,6 +255,28 @@ def test_temp_dir_is_private_and_removed_unless_kept():
         shutil.rmtree(kept.data["dir"], ignore_errors=True)
 
 
+def test_what_the_diagnostic_leaves_in_its_temp_dir_goes_but_symlinks_are_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("precious")
+    r = run(f"""
+        import argparse, os
+        def build_parser(): return argparse.ArgumentParser()
+        def run(args):
+            here = os.environ["MLDIAG_TMPDIR"]
+            os.makedirs(os.path.join(here, "a", "b", "c"))
+            with open(os.path.join(here, "a", "b", "c", "ro.bin"), "wb") as f:
+                f.write(b"x" * 1000)
+            os.chmod(os.path.join(here, "a", "b", "c", "ro.bin"), 0o400)
+            os.symlink("{outside}", os.path.join(here, "a", "link-to-dir"))
+            os.symlink("{outside}/keep.txt", os.path.join(here, "link-to-file"))
+            return {{"summary": "left things", "data": {{"dir": here}}}}
+    """)
+    assert r.status == "ok", r.to_dict()
+    assert not os.path.exists(r.data["dir"])
+    assert (outside / "keep.txt").read_text() == "precious"
+
+
 def test_env_values_reach_the_diagnostic_without_a_command_line():
     r = run("""
         import argparse, os
