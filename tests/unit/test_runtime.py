@@ -131,6 +131,33 @@ def test_warnings_and_log_records_go_to_log():
     assert ("transformers.modeling", "slow path for 3 layers") in sources
 
 
+def test_logging_imported_late_or_by_a_submodule_is_still_captured_and_unused_costs_nothing():
+    r = run("""
+        import argparse, sys
+        def build_parser(): return argparse.ArgumentParser()
+        def run(args):
+            before = sorted(m for m in ("logging", "runpy") if m in sys.modules)
+            import logging.handlers          # the package comes in through its submodule
+            logging.getLogger("vllm.engine").error("engine died: %s", "CUDA error")
+            logging.getLogger("quiet").info("below WARNING: not kept")
+            return {"summary": "ok", "data": {"imported_before": before}}
+    """)
+    assert r.data["imported_before"] == []    # nothing of ours imported them for the diagnostic
+    assert [(e["level"], e["source"], e["message"]) for e in r.log] == [
+        ("ERROR", "vllm.engine", "engine died: CUDA error")]
+
+
+def test_script_runs_as_main_with_its_own_file_and_picklable_classes(tmp_path):
+    r = run("""
+        import pickle, sys
+        class Point:
+            pass
+        p = pickle.loads(pickle.dumps(Point()))
+        print(__name__, __file__.endswith("demo.py"), type(p).__name__, sys.modules["__main__"].Point is Point)
+    """, mode="script")
+    assert r.status == "ok" and r.data["stdout"] == "__main__ True Point True\n", r.to_dict()
+
+
 @pytest.mark.parametrize("body, layer, needle", [
     ("import os; os._exit(7)", "crashed", "exited with code 7"),
     ("import sys; sys.exit(3)", "crashed", "sys.exit(3)"),
