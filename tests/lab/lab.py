@@ -295,10 +295,13 @@ class Lab:
 
     def _reachable_fakes(self) -> Path:
         """The fakes dir, or a copy under the lab dir when the lab users cannot reach it
-        (a checkout under /root): every directory above it needs o+x. The copy keeps the
-        layout (tests/fakes beside tests/fixtures), where the fake nvidia-smi looks."""
+        (a checkout under /root: every directory above it needs o+x) or the Slurm nodes
+        cannot (a checkout under /tmp: each node has a private /tmp where only the lab dir
+        is bound back). The copy keeps the layout (tests/fakes beside tests/fixtures), where
+        the fake nvidia-smi looks."""
         p = self.fakes_dir
-        if all(os.stat(d).st_mode & 0o001 for d in [p, *p.parents]):
+        under_tmp = Path("/tmp") in p.resolve().parents
+        if not under_tmp and all(os.stat(d).st_mode & 0o001 for d in [p, *p.parents]):
             return p
 
         def copy_of(src: Path) -> Path:
