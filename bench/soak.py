@@ -31,7 +31,6 @@ import resource
 import signal
 import statistics
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ if str(REPO) not in sys.path:
 
 from diagnostics import bundle, runner, topology  # noqa: E402
 from tests.lab import Lab, LabError, LabUnavailable  # noqa: E402
+from tests.lab.util import pids_with_marker  # noqa: E402
 
 VENV_PY = "/root/venv/bin/python"
 PARSER = 'def build_parser(): p = argparse.ArgumentParser(); p.add_argument("marker"); return p\n'
@@ -91,24 +91,11 @@ def hosts_yaml(lab: Lab, count: int) -> str:
     lines += ["  refused: {address: 127.0.0.2, port: 1, user: mlsh}",
               "  nosudo-box: {address: main-nosudo, become: sudo}",
               "  pve:", "    address: main", "    become: sudo", "    containers:",
-              f"      podbox: {{runtime: podman, id: podbox, python: /usr/bin/python3.11}}",
+              "      podbox: {runtime: podman, id: podbox, python: /usr/bin/python3.11}",
               f"      stopped-ct: {{runtime: pct, id: \"201\", python: {VENV_PY}}}",
-              f"      nopython-ct: {{runtime: pct, id: \"200\", python: /root/venv/bin/python9}}"]
+              "      nopython-ct: {runtime: pct, id: \"200\", python: /root/venv/bin/python9}"]
     lines += [f"      {ct}: {{runtime: pct, id: \"200\", python: {VENV_PY}}}" for ct in cts]
     return "\n".join(lines) + "\n"
-
-
-def marked_pids(prefix: bytes) -> list:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if prefix in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 def temp_dirs(lab: Lab) -> set:
@@ -203,9 +190,9 @@ def main() -> int:
                     s["wrong"].append((r.target, got, r.summary[:120]))
             # leftovers: give runtimes that saw their stdin close a moment to finish
             deadline = time.monotonic() + 5
-            while marked_pids(prefix.encode()) and time.monotonic() < deadline:
+            while pids_with_marker(prefix) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            left = marked_pids(prefix.encode())
+            left = pids_with_marker(prefix)
             if left:
                 leaks_proc.append((rnd, left))
                 for pid in left:

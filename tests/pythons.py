@@ -24,3 +24,16 @@ def find_python(version: str) -> Optional[str]:
         except (OSError, subprocess.TimeoutExpired):
             continue
     return None
+
+
+def require_python(version: str) -> str:
+    """find_python, or the test cannot run: a failure under CI (CI=true: this machine kind has
+    pyenv's builds, so a missing one is a broken tier), a skip elsewhere."""
+    import pytest
+    exe = find_python(version)
+    if exe:
+        return exe
+    reason = f"no working python{version} (PATH or pyenv)"
+    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        pytest.fail(f"{reason}; CI=true, so this is a failure", pytrace=False)
+    pytest.skip(reason)

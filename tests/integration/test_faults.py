@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -23,6 +24,7 @@ import pytest
 
 from diagnostics import bundle, runner, topology
 from diagnostics.hops.ssh import SshPool
+from tests.lab.util import pids_with_marker
 
 VENV_PY = "/root/venv/bin/python"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,20 +43,6 @@ def wait_for(predicate, timeout, what):
 
 def marked(cmdlines, marker):
     return [c for c in cmdlines if any(marker in part for part in c)]
-
-
-def host_marked(marker):
-    """Host processes whose argv carries ``marker`` (any namespace: CT processes included)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 def script_job(source, argv=(), **kw):
@@ -183,7 +171,7 @@ def test_diagnostic_faults_are_classified_and_leave_nothing_in_the_container(hos
     assert elapsed < 30, elapsed
     # nothing left: no process with the marker, no temp dir, at the CT and at the host
     assert marked(lab.container_cmdlines(200), marker) == []
-    assert host_marked(marker) == []
+    assert pids_with_marker(marker) == []
     assert set(lab.container_tmp(200)) - ct_before == set()
     assert set(lab.host_tmp("mlsh")) - host_before == set()
 
@@ -226,12 +214,11 @@ def test_session_sshd_killed_mid_run(hosts, lab):
     job = script_job(SLEEPER, ["600", marker])
     done = {}
 
-    import threading
     worker = threading.Thread(target=lambda: done.update(
         {r.target: (r, time.monotonic()) for r in
          runner.run_many([hosts.targets["main"], hosts.targets["trainbox"]], job)}))
     worker.start()
-    wait_for(lambda: len(host_marked(marker)) >= 2 and marked(lab.container_cmdlines(200), marker),
+    wait_for(lambda: len(pids_with_marker(marker)) >= 2 and marked(lab.container_cmdlines(200), marker),
              20, "both diagnostics to start")
     killed_at = time.monotonic()
     assert lab.kill_session_sshd("main", user="mlsh") >= 1
@@ -242,7 +229,7 @@ def test_session_sshd_killed_mid_run(hosts, lab):
         assert r.status == "error" and r.error.layer == "unreachable", (name, r.to_dict())
         assert "closed" in r.error.message, r.error.message
         assert at - killed_at < 5
-    wait_for(lambda: host_marked(marker) == [], 5, "the diagnostics to be killed")
+    wait_for(lambda: pids_with_marker(marker) == [], 5, "the diagnostics to be killed")
     wait_for(lambda: set(lab.container_tmp(200)) - ct_before == set()
              and set(lab.host_tmp("mlsh")) - host_before == set(), 5, "temp dirs to go")
 
@@ -278,12 +265,11 @@ def test_network_dropped_mid_run(hosts, lab, drop_inner, monkeypatch):
     host_before = set(lab.host_tmp("mlsh"))
     job = script_job(SLEEPER, ["600", marker], timeout=3)
     out = {}
-    import threading
     worker = threading.Thread(target=lambda: out.update(
         r=runner.run_many([hosts.targets["inner"]], job)[0]))
     t0 = time.monotonic()
     worker.start()
-    wait_for(lambda: host_marked(marker), 20, "the diagnostic to start on inner")
+    wait_for(lambda: pids_with_marker(marker), 20, "the diagnostic to start on inner")
     drop_inner()
     worker.join(30)
     elapsed = time.monotonic() - t0
@@ -293,7 +279,7 @@ def test_network_dropped_mid_run(hosts, lab, drop_inner, monkeypatch):
     assert "link may be down" in r.error.message
     assert 3 + 4 <= elapsed < 3 + 4 + 6, elapsed
     # inner's runtime stopped the diagnostic by itself at its 3 s timeout
-    assert host_marked(marker) == []
+    assert pids_with_marker(marker) == []
     wait_for(lambda: set(lab.host_tmp("mlsh")) - host_before == set(), 5, "inner's temp dir to go")
 
 

@@ -12,7 +12,6 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -849,16 +848,10 @@ def test_python38_syntax_and_stdlib_only(path):
         assert newer not in src
 
 
-def _python38():
-    from tests.pythons import find_python
-    return find_python("3.8")
-
-
 def test_runs_on_python38(smi_env, tmp_path):
     """The script and the fake on a real 3.8 (pyenv's build on this machine kind)."""
-    py38 = _python38()
-    if not py38:
-        pytest.skip("no working python3.8 here")
+    from tests.pythons import require_python
+    py38 = require_python("3.8")
     env = dict(os.environ, MLDIAG_FAKE_NVIDIA_SMI="derived__h200x8__busy-pid-4242.txt")
     (tmp_path / "bin" / "python3").write_text('#!/bin/sh\nexec "%s" "$@"\n' % py38)  # the fake on 3.8 too
     env["PATH"] = "%s%s%s" % (tmp_path / "bin", os.pathsep, env["PATH"])

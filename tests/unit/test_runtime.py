@@ -8,7 +8,6 @@ import ast
 import glob
 import re
 import os
-import signal
 import sys
 import textwrap
 import time
@@ -18,6 +17,7 @@ import pytest
 from diagnostics import bundle, runner
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
+from tests.lab.util import pids_with_marker
 
 SCRIPTS = os.path.join(os.path.dirname(bundle.__file__), "scripts")
 PY = sys.executable
@@ -34,19 +34,6 @@ def diag_job(source, argv=(), mode="diagnostic", **kw):
 
 def run(source, argv=(), target=None, **kw):
     return runner.run_one(target or local(), diag_job(source, argv, **kw), SshPool())
-
-
-def marker_procs(marker):
-    """PIDs of live processes whose command line holds ``marker``."""
-    pids = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(cmdline.split("/")[2]))
-        except OSError:
-            pass
-    return [p for p in pids if p != os.getpid()]
 
 
 def mldiag_tmpdirs():
@@ -224,7 +211,7 @@ def test_timeout_kills_every_descendant_including_a_setsid_grandchild(tmp_path):
     assert elapsed < 1.5 + 1.0 + 10, elapsed  # timeout + TERM grace + slack for a loaded machine
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
-    assert marker_procs(marker) == []
+    assert pids_with_marker(marker) == []
     assert mldiag_tmpdirs() - before == set()
 
 
@@ -234,7 +221,7 @@ def test_grandchild_left_behind_by_a_finished_diagnostic_is_killed(tmp_path):
     assert r.status == "ok" and r.summary == "done early"
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
-    assert marker_procs(marker) == []
+    assert pids_with_marker(marker) == []
 
 
 def test_stdin_closing_kills_the_diagnostic(tmp_path):
@@ -250,12 +237,12 @@ def test_stdin_closing_kills_the_diagnostic(tmp_path):
     proc.stdin.write(bundle.build_payload(header, bundle.job_files(job)))
     proc.stdin.flush()
     deadline = time.monotonic() + 10
-    while len(marker_procs(marker)) < 2 and time.monotonic() < deadline:
+    while len(pids_with_marker(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(marker_procs(marker)) == 2, "the diagnostic's children never started"
+    assert len(pids_with_marker(marker)) == 2, "the diagnostic's children never started"
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
-    assert marker_procs(marker) == []
+    assert pids_with_marker(marker) == []
     assert mldiag_tmpdirs() - before == set()
 
 
@@ -415,10 +402,8 @@ def test_env_read_at_interpreter_start_takes_effect(tmp_path):
 
 
 def test_runtime_and_a_diagnostic_on_a_real_python_3_8():
-    from tests.pythons import find_python
-    py38 = find_python("3.8")
-    if not py38:
-        pytest.skip("no Python 3.8 on this machine")
+    from tests.pythons import require_python
+    py38 = require_python("3.8")
     r = runner.run_one(Target(name="local", local=True, python=py38),
                        bundle.script_job("ping"), SshPool())
     assert r.status == "ok", r.to_dict()
@@ -434,10 +419,8 @@ def test_runtime_and_a_diagnostic_on_a_real_python_3_8():
 
 @pytest.mark.parametrize("version", ["3.6", "2.7"])
 def test_real_old_interpreters_are_refused_as_interpreter(version):
-    from tests.pythons import find_python
-    exe = find_python(version)
-    if not exe:
-        pytest.skip(f"no Python {version} on this machine")
+    from tests.pythons import require_python
+    exe = require_python(version)
     r = runner.run_one(Target(name="local", local=True, python=exe), bundle.script_job("ping"), SshPool())
     assert r.status == "error" and r.error.layer == "interpreter", r.to_dict()
     assert "3.8" in r.error.message

@@ -10,7 +10,6 @@ import glob
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -457,22 +456,9 @@ def test_runs_for_real_as_a_script(name, rc):
     assert doc["status"] == {0: "ok", 2: "fail"}[rc]
 
 
-def _python38():
-    for cand in [shutil.which("python3.8")] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))):
-        if cand:
-            try:
-                if subprocess.run([cand, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
-                                  capture_output=True, timeout=20).returncode == 0:
-                    return cand
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-    return None
-
-
 def test_runs_under_python38_when_available():
-    py = _python38()
-    if py is None:
-        pytest.skip("no Python 3.8 interpreter here")
+    from tests.pythons import require_python
+    py = require_python("3.8")
     p = subprocess.run([py, str(SCRIPT), "--path", str(LOGS / "extract_empty_errors.log")],
                        capture_output=True, text=True, timeout=30, cwd="/")
     assert p.returncode == 2, p.stderr
