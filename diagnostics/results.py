@@ -9,7 +9,7 @@ SCHEMA = 1
 STATUSES = ("ok", "warn", "fail", "error")  # also the order "worst last"
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 ERROR_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter",
-                "upload", "timeout", "crashed", "killed", "internal")
+                "upload", "timeout", "crashed", "killed", "protocol", "internal")
 _EXIT_BY_STATUS = {"ok": errors.EXIT_OK, "warn": errors.EXIT_WARN,
                    "fail": errors.EXIT_FAIL, "error": errors.EXIT_ERROR}
 

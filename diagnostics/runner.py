@@ -5,33 +5,28 @@ Every outcome becomes a Result: the runtime's framed document when one came back
 ``run_one`` except KeyboardInterrupt.
 """
 
-import json
-import re
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, List, Optional, Sequence, Union
 
-from . import bundle, redact
+from . import bundle, redact, wire
 from .errors import InputError
 from .hops import chain_for
-from .hops.base import first_line
-from .hops.ssh import SshPool, TransportError
+from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
+                        out_of_descriptors)
+from .hops.ssh import SshPool, SshTransport
 from .results import Result
 from .topology import Target
 
 DEFAULT_PARALLEL = 32
 # Beyond the target-side timeout, how long the client waits before giving up on a silent link.
 CLIENT_GRACE_S = 15.0
-_FRAME = re.compile(rb"@@MLDIAG-RESULT-BEGIN ([0-9a-f]+)@@\n(.*?)\n@@MLDIAG-RESULT-END \1@@", re.S)
 
 
 def parse_frame(stdout: bytes, nonce: str) -> Optional[dict]:
-    """The result document framed with this run's nonce; whatever else is on stdout is noise."""
-    for match in _FRAME.finditer(stdout):
-        if match.group(1).decode() == nonce:
-            return json.loads(match.group(2).decode("utf-8"))
-    return None
+    """This run's validated result document (see ``wire.read_result``)."""
+    return wire.read_result(stdout, nonce)
 
 
 def _tail(data: bytes, limit: int = 8192) -> str:
@@ -68,14 +63,18 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
     except InputError:
         raise
     except Exception as exc:  # a bug of ours: say so, with the traceback
+        if out_of_descriptors(exc):
+            found = descriptors_error(f"{type(exc).__name__}: {exc}")
+            return failed(found.layer, found.message)
         return failed("internal", f"{type(exc).__name__}: {exc}", type=type(exc).__name__,
                       traceback=traceback.format_exc())
 
     stderr = _tail(output.stderr)
     try:
-        doc = parse_frame(output.stdout, nonce)
-    except ValueError as exc:
-        return failed("internal", f"unreadable result frame: {exc}", stderr=stderr)
+        doc = wire.read_result(output.stdout, nonce)
+    except wire.ProtocolError as exc:
+        return failed("protocol", f"the target answered with a malformed result: {exc}",
+                      type="ProtocolError", stderr=stderr)
     if doc is not None:
         result = Result.from_dict(doc)
         result.target = target.name
@@ -91,6 +90,9 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
         return failed(layer, reason, stderr=stderr)
     if output.lost:
         return failed("unreachable", f"{output.lost} before a result arrived", stderr=stderr)
+    if wire.FRAME_BEGIN.split(" ")[0].encode() in output.stdout:
+        return failed("protocol", "the target answered with a malformed result: no complete "
+                      "result frame for this run", type="ProtocolError", stderr=stderr)
     reason = first_line(stderr) or f"exit code {output.exit_code}, no result"
     return failed("internal", f"no result from the runtime: {reason}", stderr=stderr)
 
@@ -167,7 +169,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     job_for = job if callable(job) else (lambda target: job)
     own_pool = pool is None
     pool = pool or SshPool()
-    ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, 256)))
+    # NOTE: each target in flight holds descriptors; past RLIMIT_NOFILE they fail with EMFILE
+    workers = max(1, min(parallel, 256, concurrent_runs_allowed()))
+    ex = ThreadPoolExecutor(max_workers=workers)
     allocations: List[SlurmAllocation] = []
     try:
         # Slurm login targets become one row per node; a failed allocation is its own row.
@@ -179,7 +183,21 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
             else:
                 planned.append(item)
         results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
-        futures = {ex.submit(run_one, p, job_for(p), pool): i
+        # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs
+        with ThreadPoolExecutor(max_workers=max(1, workers // 2)) as resolver:
+            endpoints = list(resolver.map(lambda p: _endpoint_of(p, pool), planned))
+        for endpoint in endpoints:
+            if endpoint is not None:
+                pool.plan(endpoint)
+
+        def run_and_finish(i: int) -> Result:
+            try:
+                return run_one(planned[i], job_for(planned[i]), pool)
+            finally:
+                if endpoints[i] is not None:
+                    pool.finished(endpoints[i])
+
+        futures = {ex.submit(run_and_finish, i): i
                    for i, p in enumerate(planned) if not isinstance(p, Result)}
         for i, r in enumerate(results):
             if r is not None and on_result:
@@ -198,3 +216,15 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
             allocation.release()
         if own_pool:
             pool.close()
+
+
+def _endpoint_of(planned: Union[Target, Result], pool: SshPool):
+    """The SSH endpoint a planned target connects through (None: local, or not resolvable;
+    run_one then reports why)."""
+    if isinstance(planned, Result) or planned.local:
+        return None
+    try:
+        transport = chain_for(planned, pool).transport
+    except Exception:
+        return None
+    return transport.endpoint if isinstance(transport, SshTransport) else None

@@ -4,8 +4,11 @@ A chain is ``transport (local | ssh) → [sudo] → [container] → interpreter`
 subclass each other; they stack by wrapping the argv of the hop inside them (Mitogen's ``via``).
 """
 
+import errno
 import json
 import os
+import resource
+from collections import deque
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -37,6 +40,42 @@ class Wrapper:
         return None
 
 
+class TransportError(Exception):
+    """A connection-level failure, already classified by layer."""
+
+    def __init__(self, layer: str, message: str, stderr: Optional[str] = None):
+        super().__init__(message)
+        self.layer = layer
+        self.message = message
+        self.stderr = stderr
+
+
+# File descriptors: kept back for the process itself (stdio, imports, known_hosts, --save),
+# and what one target in flight may hold (its connection's socket, the channel's wakeup pipe,
+# or a local child's three pipes and the selector).
+FD_RESERVE = 24
+FDS_PER_RUN = 4
+
+
+def concurrent_runs_allowed() -> int:
+    """How many targets may be in flight (and direct connections open) under RLIMIT_NOFILE."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(1, (soft - FD_RESERVE) // FDS_PER_RUN)
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def descriptors_error(what: str) -> TransportError:
+    """EMFILE said plainly: which limit, and what to do (never an ``internal`` row)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return TransportError("unreachable", f"out of file descriptors (ulimit -n {soft}): {what}; "
+                          f"lower --parallel or raise ulimit -n")
+
+
 @dataclass
 class ProcessOutput:
     stdout: bytes
@@ -44,6 +83,48 @@ class ProcessOutput:
     exit_code: Optional[int]      # None when the process did not end (timeout) or the link died
     timed_out: bool = False
     lost: Optional[str] = None    # why the link was lost, if it was
+    dropped: int = 0              # bytes of stdout and stderr not kept (see StreamCapture)
+
+
+class StreamCapture:
+    """The first ``head`` and the last ``tail`` bytes of a stream; the rest is counted, not
+    kept, so a target printing a gigabyte costs the client ``head + tail`` bytes.  The tail is
+    a queue of chunks: dropping from its front costs no copy (a bytearray's would, per chunk)."""
+
+    def __init__(self, head: int, tail: int):
+        self.head_limit = head
+        self.tail_limit = tail
+        self.head = bytearray()
+        self.tail: deque = deque()
+        self.tail_size = 0
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_limit:
+            self.tail.append(bytes(data))
+            self.tail_size += len(data)
+            while self.tail_size - len(self.tail[0]) >= self.tail_limit:
+                self.tail_size -= len(self.tail.popleft())
+
+    def _kept_tail(self) -> bytes:
+        joined = b"".join(self.tail)
+        return joined[len(joined) - self.tail_limit:] if len(joined) > self.tail_limit else joined
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.head) - min(self.tail_size, self.tail_limit)
+
+    def value(self) -> bytes:
+        """head, a note of what was dropped (so no marker can be glued from the two ends), tail."""
+        tail = self._kept_tail()
+        dropped = self.total - len(self.head) - len(tail)
+        note = b"\n[mldiag: %d bytes not kept]\n" % dropped if dropped else b""
+        return bytes(self.head) + note + tail
 
 
 def first_line(text: str, limit: int = 300) -> str:

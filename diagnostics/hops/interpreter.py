@@ -2,7 +2,7 @@
 
 from typing import List, Sequence
 
-from ..bundle import OLD_PYTHON_MARK, bootstrap_argv
+from ..wire import OLD_PYTHON_MARK, bootstrap_argv
 from .base import Classification, find_line
 
 

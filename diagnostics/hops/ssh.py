@@ -24,9 +24,10 @@ from typing import Dict, Optional, Sequence
 import fabric
 import paramiko
 
-from ..bundle import BOOT
+from .. import wire
 from ..topology import is_safe_token
-from .base import ProcessOutput, first_line, record_command
+from .base import (ProcessOutput, StreamCapture, TransportError, concurrent_runs_allowed,
+                   descriptors_error, first_line, out_of_descriptors, record_command)
 from .sshconfig import Endpoint
 
 MAX_CHANNELS = 8
@@ -36,16 +37,6 @@ MAX_STARTUPS_PER_JUMP = 8
 
 
 
-class TransportError(Exception):
-    """A connection-level failure, already classified by layer."""
-
-    def __init__(self, layer: str, message: str, stderr: Optional[str] = None):
-        super().__init__(message)
-        self.layer = layer
-        self.message = message
-        self.stderr = stderr
-
-
 class UnsafeCommand(AssertionError):
     pass
 
@@ -53,7 +44,7 @@ class UnsafeCommand(AssertionError):
 def join_checked(argv: Sequence[str]) -> str:
     """The remote command line; refuses any token a remote shell could interpret."""
     for token in argv:
-        if token != BOOT and not is_safe_token(token):
+        if token != wire.BOOT and not is_safe_token(token):
             raise UnsafeCommand(f"refusing to send token {token!r}: outside the safe alphabet")
     return shlex.join(argv)
 
@@ -149,10 +140,16 @@ class _QuickAckSocket:
 
 
 class PooledConnection:
-    def __init__(self, endpoint: Endpoint, connection: fabric.Connection):
+    def __init__(self, endpoint: Endpoint, connection: fabric.Connection,
+                 via: Optional["PooledConnection"] = None):
         self.endpoint = endpoint
         self.connection = connection
         self.slots = threading.BoundedSemaphore(MAX_CHANNELS)
+        self.via = via            # the jump host's connection carrying this one's socket
+        self.users = 0            # runs and puts using it now
+        self.dependents = 0       # open connections tunnelled through it
+        self.last_used = time.monotonic()
+        self.forgotten = False    # dropped from the pool's books (closed or about to be)
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -163,59 +160,178 @@ class PooledConnection:
         t = self.transport
         return t is not None and t.is_active()
 
+    @property
+    def idle(self) -> bool:
+        return self.users == 0 and self.dependents == 0
+
+
+def _endpoint_chain(ep: Optional[Endpoint]):
+    while ep is not None:
+        yield ep
+        ep = ep.jump
+
+
+def _close_quietly(pooled: PooledConnection) -> None:
+    try:
+        pooled.connection.close()
+    except Exception:
+        pass
+
 
 class SshPool:
-    """Opened connections by endpoint key; each opened once even under concurrent use."""
+    """Opened connections by endpoint key; each opened once even under concurrent use.
 
-    def __init__(self):
+    Lifetimes (issue 10 item 12: 150 hosts held 150 sockets to the end of the run):
+    ``plan(ep)`` says one more target will use ``ep`` (and its jump hosts), ``finished(ep)``
+    that it is done; a connection whose planned targets are all done is closed at once.
+    Unplanned use (``put``, tests) keeps a connection until ``close()``.  Direct connections,
+    the ones holding a socket, are at most ``max_open``: past it the least recently used idle
+    connection is closed (reopened if wanted later), or the opener waits for one to go idle."""
+
+    def __init__(self, max_open: Optional[int] = None):
         self._conns: Dict[tuple, PooledConnection] = {}
         self._locks: Dict[tuple, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._changed = threading.Condition(self._guard)
         self._jump_slots: Dict[tuple, threading.BoundedSemaphore] = {}
-        self.opened = 0   # connections made (tests and the bench count them)
+        self._planned: Dict[tuple, int] = {}
+        self._direct_open = 0
+        self.max_open = max_open or concurrent_runs_allowed()
+        self.opened = 0      # connections made (tests and the bench count them)
+        self.peak_open = 0   # most direct connections open at once
 
     def _lock_for(self, key) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def get(self, ep: Endpoint) -> PooledConnection:
+    # -- lifetimes
+
+    def plan(self, ep: Endpoint) -> None:
+        with self._guard:
+            for e in _endpoint_chain(ep):
+                self._planned[e.key] = self._planned.get(e.key, 0) + 1
+
+    def finished(self, ep: Endpoint) -> None:
+        """One planned target of ``ep`` is done: close what no planned target needs any more
+        (the host first, then its jump hosts, which it kept busy until then)."""
+        for e in _endpoint_chain(ep):
+            with self._guard:
+                left = self._planned.get(e.key, 0) - 1
+                self._planned[e.key] = max(0, left)
+                pooled = self._conns.get(e.key)
+                done = left <= 0 and pooled is not None and pooled.idle
+                if done:
+                    self._forget(pooled)
+            if done:
+                _close_quietly(pooled)
+
+    def acquire(self, ep: Endpoint) -> PooledConnection:
+        """The shared connection to ``ep``, opened if needed, in use until ``release``."""
         with self._lock_for(ep.key):
-            pooled = self._conns.get(ep.key)
-            if pooled and pooled.alive:
-                return pooled
+            with self._guard:
+                pooled = self._conns.get(ep.key)
+                if pooled is not None and pooled.alive:
+                    pooled.users += 1
+                    pooled.last_used = time.monotonic()
+                    return pooled
+                dead = pooled if pooled is not None and pooled.idle else None
+                if pooled is not None:
+                    self._forget(pooled)
+            if dead is not None:
+                _close_quietly(dead)
             pooled = self._open(ep)
-            self._conns[ep.key] = pooled
+            with self._guard:
+                self._conns[ep.key] = pooled
+                pooled.users += 1
             return pooled
+
+    def release(self, pooled: PooledConnection) -> None:
+        with self._guard:
+            pooled.users -= 1
+            pooled.last_used = time.monotonic()
+            key = pooled.endpoint.key
+            close = pooled.idle and (pooled.forgotten or self._planned.get(key) == 0
+                                     or not pooled.alive)
+            if close:
+                self._forget(pooled)
+            via = pooled.via if close else None
+            self._changed.notify_all()
+        if close:
+            _close_quietly(pooled)
+            if via is not None:
+                self._after_dependent_closed(via)
+
+    def _after_dependent_closed(self, via: PooledConnection) -> None:
+        with self._guard:
+            close = via.idle and (via.forgotten or self._planned.get(via.endpoint.key) == 0)
+            if close:
+                self._forget(via)
+        if close:
+            _close_quietly(via)
+
+    def get(self, ep: Endpoint) -> PooledConnection:
+        """The connection, opened if needed, not marked in use (outside the accounting)."""
+        pooled = self.acquire(ep)
+        with self._guard:
+            pooled.users -= 1
+            self._changed.notify_all()
+        return pooled
 
     def discard(self, ep: Endpoint) -> None:
         with self._guard:
-            pooled = self._conns.pop(ep.key, None)
-        if pooled:
-            pooled.connection.close()
+            pooled = self._conns.get(ep.key)
+            if pooled is not None:
+                self._forget(pooled)
+        if pooled is not None:
+            _close_quietly(pooled)
 
     def close(self) -> None:
         with self._guard:
-            conns, self._conns = list(self._conns.values()), {}
-        for pooled in conns:
-            try:
-                pooled.connection.close()
-            except Exception:
-                pass
+            conns = list(self._conns.values())
+            for pooled in conns:
+                self._forget(pooled)
+        for pooled in sorted(conns, key=lambda p: p.via is None):   # tunnelled ones first
+            _close_quietly(pooled)
+
+    def _forget(self, pooled: PooledConnection) -> None:
+        """Drop ``pooled`` from the books (caller holds ``_guard``, and closes it unlocked)."""
+        if self._conns.get(pooled.endpoint.key) is pooled:
+            del self._conns[pooled.endpoint.key]
+        if not pooled.forgotten:
+            pooled.forgotten = True
+            if pooled.via is not None:
+                pooled.via.dependents -= 1
+            else:
+                self._direct_open -= 1
+            self._changed.notify_all()
+
+    # -- opening
+
+    def _take_socket_slot(self) -> None:
+        """Wait until one more direct connection fits under ``max_open``, closing the least
+        recently used idle connection where that makes room."""
+        while True:
+            evict = None
+            with self._guard:
+                if self._direct_open < self.max_open:
+                    self._direct_open += 1
+                    self.peak_open = max(self.peak_open, self._direct_open)
+                    return
+                idle = [p for p in self._conns.values() if p.idle]
+                if idle:   # a tunnelled one may be all that keeps its jump host busy
+                    evict = min(idle, key=lambda p: p.last_used)
+                    self._forget(evict)
+                else:
+                    self._changed.wait(1.0)
+            if evict is not None:
+                _close_quietly(evict)
+
+    def _give_back_socket_slot(self) -> None:
+        with self._guard:
+            self._direct_open -= 1
+            self._changed.notify_all()
 
     def _socket(self, ep: Endpoint):
-        if ep.jump is not None:
-            try:
-                jump = self.get(ep.jump)
-            except TransportError as exc:
-                raise TransportError(exc.layer, f"jump host {ep.jump.label}: {exc.message}", exc.stderr)
-            try:
-                return jump.transport.open_channel("direct-tcpip", (ep.hostname, ep.port), ("", 0),
-                                                   timeout=ep.connect_timeout)
-            except (paramiko.ChannelException, paramiko.SSHException, OSError, EOFError) as exc:
-                raise TransportError("unreachable", f"jump host {ep.jump.label} could not reach "
-                                     f"{ep.hostname}:{ep.port}: {exc or type(exc).__name__}")
-        if ep.proxy_command:
-            return paramiko.ProxyCommand(ep.proxy_command)
         try:
             sock = socket.create_connection((ep.hostname, ep.port), timeout=ep.connect_timeout)
         except socket.gaierror as exc:
@@ -224,24 +340,67 @@ class SshPool:
             raise TransportError("unreachable", f"connect to {ep.hostname}:{ep.port} timed out "
                                  f"after {ep.connect_timeout:g} s")
         except OSError as exc:
+            if out_of_descriptors(exc):
+                raise descriptors_error(f"cannot open a connection to {ep.hostname}:{ep.port}")
             raise TransportError("unreachable", f"connect to {ep.hostname}:{ep.port}: "
                                  f"{exc.strerror or exc}")
         # NOTE: without TCP_NODELAY every small write waits for the peer's delayed ACK (~40 ms).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _QuickAckSocket(sock) if hasattr(socket, "TCP_QUICKACK") else sock
 
+    def _tunnel(self, ep: Endpoint):
+        """A direct-tcpip channel through the jump host's pooled connection, and that
+        connection (in use until ``_open`` hands the use over to the new connection)."""
+        try:
+            jump = self.acquire(ep.jump)
+        except TransportError as exc:
+            raise TransportError(exc.layer, f"jump host {ep.jump.label}: {exc.message}", exc.stderr)
+        try:
+            chan = jump.transport.open_channel("direct-tcpip", (ep.hostname, ep.port), ("", 0),
+                                               timeout=ep.connect_timeout)
+        except (paramiko.ChannelException, paramiko.SSHException, OSError, EOFError) as exc:
+            self.release(jump)
+            raise TransportError("unreachable", f"jump host {ep.jump.label} could not reach "
+                                 f"{ep.hostname}:{ep.port}: {exc or type(exc).__name__}")
+        return chan, jump
+
     def _slots_through(self, jump: Endpoint) -> threading.BoundedSemaphore:
         with self._guard:
             return self._jump_slots.setdefault(jump.key, threading.BoundedSemaphore(MAX_STARTUPS_PER_JUMP))
 
     def _open(self, ep: Endpoint) -> PooledConnection:
-        if ep.jump is None:
-            return self._open_now(ep)
-        with self._slots_through(ep.jump):
-            return self._open_now(ep)
+        if ep.jump is not None:
+            with self._slots_through(ep.jump):
+                sock, jump = self._tunnel(ep)
+                try:
+                    return self._open_now(ep, sock, via=jump)
+                except BaseException:
+                    sock.close()
+                    raise
+                finally:
+                    self.release(jump)   # a new connection through it counts as its dependent
+        self._take_socket_slot()
+        try:
+            sock = self._proxy_command(ep) if ep.proxy_command else self._socket(ep)
+            try:
+                return self._open_now(ep, sock)
+            except BaseException:
+                sock.close()
+                raise
+        except BaseException:
+            self._give_back_socket_slot()
+            raise
 
-    def _open_now(self, ep: Endpoint) -> PooledConnection:
-        sock = self._socket(ep)
+    @staticmethod
+    def _proxy_command(ep: Endpoint):
+        try:
+            return paramiko.ProxyCommand(ep.proxy_command)
+        except OSError as exc:
+            if out_of_descriptors(exc):
+                raise descriptors_error(f"cannot start the ProxyCommand of {ep.label}")
+            raise TransportError("unreachable", f"ProxyCommand of {ep.label}: {exc}")
+
+    def _open_now(self, ep: Endpoint, sock, via: Optional[PooledConnection] = None) -> PooledConnection:
         connect_kwargs = {"sock": sock, "look_for_keys": False,
                           "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")),
                           "banner_timeout": ep.connect_timeout, "auth_timeout": ep.connect_timeout}
@@ -273,8 +432,12 @@ class SshPool:
             raise TransportError("unreachable", f"{where}: {exc or type(exc).__name__}")
         transport = conn.client.get_transport()
         transport.set_keepalive(30)
-        self.opened += 1
-        return PooledConnection(ep, conn)
+        pooled = PooledConnection(ep, conn, via)
+        with self._guard:
+            self.opened += 1
+            if via is not None:
+                via.dependents += 1
+        return pooled
 
 
 class SshTransport:
@@ -295,52 +458,58 @@ class SshTransport:
     def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
             close_stdin: bool = False) -> ProcessOutput:
         """Run argv with ``payload`` on its stdin, kept open until the command ends (its EOF
-        tells the runtime the client went away) unless ``close_stdin``."""
+        tells the runtime the client went away) unless ``close_stdin``.  Nothing here waits
+        past ``deadline``, the write of a payload the command never reads included."""
         command = join_checked(argv)
-        pooled = self.pool.get(self.endpoint)
-        with pooled.slots:
-            try:
-                chan = pooled.transport.open_session(timeout=self.endpoint.connect_timeout)
-                record_command("ssh", command)
-                chan.exec_command(command)
-                chan.sendall(payload)
-                if close_stdin:
-                    chan.shutdown_write()
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                self.pool.discard(self.endpoint)
-                raise TransportError("unreachable", f"{self.endpoint.describe()}: cannot start the "
-                                     f"command: {exc or type(exc).__name__}")
-            try:
-                return _collect(chan, deadline)
-            finally:
-                chan.close()
-                if not pooled.alive:
+        pooled = self.pool.acquire(self.endpoint)
+        try:
+            with pooled.slots:
+                try:
+                    chan = pooled.transport.open_session(timeout=self.endpoint.connect_timeout)
+                    record_command("ssh", command)
+                    chan.exec_command(command)
+                except (paramiko.SSHException, EOFError, OSError) as exc:
                     self.pool.discard(self.endpoint)
+                    if out_of_descriptors(exc):
+                        raise descriptors_error(f"cannot start the command on {self.endpoint.describe()}")
+                    raise TransportError("unreachable", f"{self.endpoint.describe()}: cannot start the "
+                                         f"command: {exc or type(exc).__name__}")
+                try:
+                    return _exchange(chan, payload, deadline, close_stdin)
+                finally:
+                    chan.close()
+                    if not pooled.alive:
+                        self.pool.discard(self.endpoint)
+        finally:
+            self.pool.release(pooled)
 
     def put(self, data: bytes, remote_path: str) -> None:
         """Write ``data`` to ``remote_path`` (mode 0600) over SFTP; where the host has no SFTP
         subsystem, through an exec channel's stdin into ``install -m 600 /dev/stdin PATH``
         (the path is ours and checked like every token; the data never touches a command line)."""
-        pooled = self.pool.get(self.endpoint)
-        with pooled.slots:
-            try:
-                sftp = pooled.connection.client.open_sftp()
-            except paramiko.SSHException:   # "subsystem request failed": SFTP is disabled there
-                sftp = None
-            except (OSError, EOFError) as exc:
-                raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
-                                     f"{remote_path}: {exc or type(exc).__name__}")
-            if sftp is not None:
+        pooled = self.pool.acquire(self.endpoint)
+        try:
+            with pooled.slots:
                 try:
-                    with sftp.open(remote_path, "wx") as f:
-                        sftp.chmod(remote_path, 0o600)
-                        f.write(data)
-                    return
-                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    sftp = pooled.connection.client.open_sftp()
+                except paramiko.SSHException:   # "subsystem request failed": SFTP is disabled there
+                    sftp = None
+                except (OSError, EOFError) as exc:
                     raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
                                          f"{remote_path}: {exc or type(exc).__name__}")
-                finally:
-                    sftp.close()
+                if sftp is not None:
+                    try:
+                        with sftp.open(remote_path, "wx") as f:
+                            sftp.chmod(remote_path, 0o600)
+                            f.write(data)
+                        return
+                    except (paramiko.SSHException, OSError, EOFError) as exc:
+                        raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
+                                             f"{remote_path}: {exc or type(exc).__name__}")
+                    finally:
+                        sftp.close()
+        finally:
+            self.pool.release(pooled)
         self._put_through_exec(data, remote_path)
 
     def _put_through_exec(self, data: bytes, remote_path: str) -> None:
@@ -359,29 +528,90 @@ class SshTransport:
         pass
 
 
-def _collect(chan: paramiko.Channel, deadline: float) -> ProcessOutput:
+class _Streams:
+    """What came back on a channel, bounded per stream (wire.STDOUT_*, wire.STDERR_*)."""
+
+    def __init__(self):
+        self.out = StreamCapture(wire.STDOUT_HEAD, wire.STDOUT_TAIL)
+        self.err = StreamCapture(wire.STDERR_HEAD, wire.STDERR_TAIL)
+
+    def drain(self, chan: paramiko.Channel, rounds: int = 64) -> None:
+        """What has arrived, up to ``rounds`` reads per stream: a target that never stops
+        writing still lets the caller look at its deadline."""
+        for _ in range(rounds):
+            if not chan.recv_ready():
+                break
+            self.out.feed(chan.recv(65536))
+        for _ in range(rounds):
+            if not chan.recv_stderr_ready():
+                break
+            self.err.feed(chan.recv_stderr(65536))
+
+    def output(self, code: Optional[int] = None, **kw) -> ProcessOutput:
+        return ProcessOutput(self.out.value(), self.err.value(), code,
+                             dropped=self.out.dropped + self.err.dropped, **kw)
+
+
+# One send waits at most this long for the peer's window, so both streams keep being read
+# while a command is slow to take its stdin (it may be writing first).
+_SEND_WAIT_S = 0.2
+
+
+def _send(chan: paramiko.Channel, payload: bytes, deadline: float, streams: _Streams) -> bool:
+    """Write ``payload`` before ``deadline`` (False if it passed first).  paramiko's
+    ``sendall`` blocks for as long as the peer's window stays shut: a command that never
+    reads its stdin held a large ``--put`` far past ``--timeout`` (issue 10 item 11)."""
+    offset = 0
+    try:
+        while offset < len(payload):
+            streams.drain(chan)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            chan.settimeout(min(remaining, _SEND_WAIT_S))
+            try:
+                sent = chan.send(payload[offset:offset + 32768])
+            except socket.timeout:
+                continue
+            if sent == 0:       # the channel reached EOF: nobody will read the rest
+                break
+            offset += sent
+    except (OSError, EOFError):
+        pass    # the command ended without reading it all: its exit status tells the rest
+    finally:
+        chan.settimeout(None)
+    return True
+
+
+def _exchange(chan: paramiko.Channel, payload: bytes, deadline: float,
+              close_stdin: bool) -> ProcessOutput:
+    streams = _Streams()
+    if not _send(chan, payload, deadline, streams):
+        return streams.output(timed_out=True)
+    if close_stdin:
+        try:
+            chan.shutdown_write()
+        except (OSError, EOFError):
+            pass
+    return _collect(chan, deadline, streams)
+
+
+def _collect(chan: paramiko.Channel, deadline: float, streams: _Streams) -> ProcessOutput:
     """Read stdout/stderr until the command ends, the link dies, or the deadline passes.
     stdin stays open throughout: its EOF would tell the runtime to stop the diagnostic."""
-    out, err = bytearray(), bytearray()
     while True:
-        while chan.recv_ready():
-            out += chan.recv(65536)
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        if chan.exit_status_ready() and chan.eof_received:
-            while chan.recv_ready():
-                out += chan.recv(65536)
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-            return ProcessOutput(bytes(out), bytes(err), chan.recv_exit_status())
+        streams.drain(chan)
+        if chan.exit_status_ready() and chan.eof_received and not (
+                chan.recv_ready() or chan.recv_stderr_ready()):
+            return streams.output(chan.recv_exit_status())
         if chan.eof_received:
             # stdout is done; the exit status follows in a moment (no busy wait for it)
             chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), 1.0)))
             if chan.exit_status_ready():
                 continue
         if chan.closed or not chan.get_transport().is_active():
-            return ProcessOutput(bytes(out), bytes(err), None, lost="the SSH connection was closed")
+            return streams.output(lost="the SSH connection was closed")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return ProcessOutput(bytes(out), bytes(err), None, timed_out=True)
+            return streams.output(timed_out=True)
         select.select([chan], [], [], min(remaining, 1.0))

@@ -1,0 +1,264 @@
+"""The wire format, and the one place where what a target sends back is let in (DESIGN.md §3
+invariants 1 and 8).
+
+Outbound: the command line carries only ``PYTHON -c BOOT``.  BOOT is a constant of ours made of
+characters no shell treats specially inside single quotes, so every login shell (sh, bash, zsh,
+fish, csh) passes it through untouched.  Everything else rides in the payload written to the
+exec channel's stdin:
+
+    len\\n STAGE_A · len\\n _runtime.py · len\\n header JSON · len\\n the files, concatenated
+
+(the header's ``files`` lists each file's name and size, in order).  Stage A checks the
+interpreter version before anything 3.8-only is compiled.
+
+Inbound: the runtime prints one frame, ``BEGIN nonce`` · the result JSON · ``END nonce``, last
+on stdout.  ``read_result`` finds it in linear time, bounds its size and nesting depth before
+parsing, and checks the document against the result schema; anything else is a
+``ProtocolError`` that becomes the target's ``protocol`` row, never a crash of the run.
+``diagnostics/scripts/_runtime.py`` cannot import this module (it is a remote single file):
+it repeats the frame markers, and ``tests/unit/test_wire.py`` checks that both agree.
+"""
+
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .results import ERROR_LAYERS, STATUSES
+
+BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+OLD_PYTHON_MARK = "@@MLDIAG-OLD-PYTHON"
+FRAME_BEGIN = "@@MLDIAG-RESULT-BEGIN %s@@"
+FRAME_END = "@@MLDIAG-RESULT-END %s@@"
+
+# Runs under whatever python3 the target has (py3.0+ syntax only): refuse < 3.8 in a way the
+# client recognises, then load the runtime from the stream and hand it the rest of stdin.
+STAGE_A = """\
+import sys
+if sys.version_info < (3, 8):
+    sys.stdout.write("\\n%s %s %s@@\\n" % ("@@MLDIAG-OLD-PYTHON", ".".join(map(str, sys.version_info[:3])), sys.executable))
+    sys.stdout.flush()
+    raise SystemExit(0)
+src = b.read(int(b.readline()))
+g = {"__name__": "mldiag_runtime", "__builtins__": __builtins__}
+exec(compile(src, "mldiag/_runtime.py", "exec"), g)
+g["RUNTIME_SOURCE"] = src
+g["main"](b)
+"""
+
+# Characters a shell leaves alone inside single quotes, in every common shell (csh: no '!').
+_FORBIDDEN_IN_BOOT = set("'\"\\!$`\n")
+assert not (_FORBIDDEN_IN_BOOT & set(BOOT)), "BOOT must stay shell-inert"
+assert OLD_PYTHON_MARK in STAGE_A
+
+# Bounds on what a target may send back.  An honest result is a few KB (the runtime keeps
+# at most 256 KB of a script's output); these leave room for big `data` while keeping one
+# hostile target's cost to the client fixed.
+MAX_RESULT_BYTES = 16 * 1024 * 1024      # the JSON between the markers
+MAX_DEPTH = 64                           # nesting of [ and {
+EXCERPT_CHARS = 160
+# What the hops keep of each stream: stdout must hold a whole maximal frame in its tail (the
+# runtime prints the frame last); stderr only feeds a tail into error rows.
+STDOUT_HEAD, STDOUT_TAIL = 64 * 1024, MAX_RESULT_BYTES + 256 * 1024
+STDERR_HEAD, STDERR_TAIL = 256 * 1024, 1024 * 1024
+
+
+
+# ----------------------------------------------------------------------------- outbound
+
+
+def bootstrap_argv(python: str) -> List[str]:
+    """The whole command line of a run: the interpreter and our constant, nothing else."""
+    return [python, "-c", BOOT]
+
+
+def _part(data: bytes) -> bytes:
+    return str(len(data)).encode("ascii") + b"\n" + data
+
+
+def build_payload(runtime: bytes, header: dict, files: Dict[str, bytes]) -> bytes:
+    """The bytes written to the bootstrap's stdin. Files are plain concatenated bytes (no zip:
+    its import and parse cost every target CPU time); the header says where each one ends."""
+    header = dict(header, files=[[name, len(data)] for name, data in files.items()])
+    return b"".join((_part(STAGE_A.encode("utf-8")), _part(runtime),
+                     _part(json.dumps(header).encode("utf-8")), _part(b"".join(files.values()))))
+
+
+def parse_payload(payload: bytes) -> Tuple[str, bytes, dict, Dict[str, bytes]]:
+    """Inverse of ``build_payload`` (what the target reads): (stage A, runtime, header, files)."""
+    parts, rest = [], payload
+    for _ in range(4):
+        size, _, rest = rest.partition(b"\n")
+        n = int(size)
+        if len(rest) < n:
+            raise ValueError(f"payload truncated: a part of {n} bytes has {len(rest)}")
+        parts.append(rest[:n])
+        rest = rest[n:]
+    if rest:
+        raise ValueError(f"{len(rest)} trailing bytes after the bundle")
+    header = json.loads(parts[2].decode("utf-8"))
+    files, offset = {}, 0
+    for name, size in header.pop("files"):
+        files[name] = parts[3][offset:offset + size]
+        offset += size
+    return parts[0].decode("utf-8"), parts[1], header, files
+
+
+# ----------------------------------------------------------------------------- inbound
+
+
+class ProtocolError(ValueError):
+    """The target answered, but not with a well-formed result (the ``protocol`` layer)."""
+
+    def __init__(self, reason: str, excerpt: bytes = b""):
+        self.reason = reason
+        self.excerpt = safe_excerpt(excerpt) if excerpt else ""
+        super().__init__(f"{reason}; it began {self.excerpt}" if self.excerpt else reason)
+
+
+def safe_excerpt(data: bytes, limit: int = EXCERPT_CHARS) -> str:
+    """A bounded, printable excerpt: control characters, non-ASCII and bad UTF-8 escaped
+    (``\\x1b``, ``\\xe9``), never raw; at most ``limit`` characters between the quotes."""
+    text = data[:limit * 4].decode("utf-8", "backslashreplace")
+    escaped = ascii(text)[1:-1]
+    cut = len(escaped) > limit or len(data) > limit * 4
+    return "'" + escaped[:limit] + "'" + ("…" if cut else "")
+
+
+def find_frame(stdout: bytes, nonce: str) -> Optional[bytes]:
+    """The bytes between this run's last END marker and the BEGIN marker before it, or None
+    when no END marker is there.  Two ``rfind``s: linear whatever else is on stdout."""
+    end = ("\n" + FRAME_END % nonce).encode("ascii")
+    begin = (FRAME_BEGIN % nonce + "\n").encode("ascii")
+    stop = stdout.rfind(end)
+    if stop < 0:
+        return None
+    start = stdout.rfind(begin, 0, stop + 1)
+    if start < 0:
+        raise ProtocolError(f"the result frame's end marker came without its begin marker "
+                            f"(a frame over the {MAX_RESULT_BYTES // 2**20} MiB limit, or a "
+                            f"broken one)", stdout[max(0, stop - EXCERPT_CHARS):stop])
+    return stdout[start + len(begin):stop]
+
+
+# A JSON string, or an unterminated one up to the end: it always matches from a `"`, so the
+# scan never backtracks into a string (linear; a failed match would restart inside it).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*"?', re.S)
+_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def check_depth(text: bytes, limit: int = MAX_DEPTH) -> None:
+    """Refuse nesting deeper than ``limit`` (or unbalanced brackets) before any parser recurses
+    into it: strings removed, the brackets left peeled one level per round, in C."""
+    brackets = _JSON_STRING.sub(b"", text).translate(_BRACKETS_ONLY, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return
+        peeled = brackets.replace(b"[]", b"")
+        if len(peeled) == len(brackets):
+            break
+        brackets = peeled
+    if brackets:
+        raise ProtocolError(f"the result nests deeper than {limit} levels or its brackets do not "
+                            f"balance", text)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_result(frame: bytes) -> Dict[str, Any]:
+    """The frame's document, parsed only once its size and depth are known to be bounded, and
+    checked against the result schema."""
+    if len(frame) > MAX_RESULT_BYTES:
+        raise ProtocolError(f"the result is {len(frame)} bytes, over the "
+                            f"{MAX_RESULT_BYTES // 2**20} MiB limit", frame)
+    check_depth(frame)
+    try:
+        doc = json.loads(frame.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"the result is not JSON ({str(exc)[:120]})", frame) from None
+    problem = schema_problem(doc)
+    if problem:
+        raise ProtocolError(problem, frame)
+    return doc
+
+
+def read_result(stdout: bytes, nonce: str) -> Optional[Dict[str, Any]]:
+    """This run's validated result document from the target's stdout; None when no frame
+    came back at all (the hops then classify what went wrong); ProtocolError when one came
+    back malformed."""
+    frame = find_frame(stdout, nonce)
+    return None if frame is None else decode_result(frame)
+
+
+# ----------------------------------------------------------------------------- the schema
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fields_problem(where: str, obj: Any, required: Sequence[str],
+                    optional: Sequence[str] = ()) -> Optional[str]:
+    """``obj`` an object; each of ``required`` present and a string; each of ``optional``
+    absent, null or a string. Other keys are ignored (and dropped by ``Result.from_dict``)."""
+    if not isinstance(obj, dict):
+        return f"{where} is {_type_name(obj)}, not an object"
+    for key in required:
+        if key not in obj:
+            return f"{where} has no {key!r}"
+    for key in list(required) + list(optional):
+        value = obj.get(key)
+        if isinstance(value, str) or (value is None and key not in required):
+            continue
+        return f"{where}.{key} is {_type_name(value)}, not a string"
+    return None
+
+
+def schema_problem(doc: Any) -> Optional[str]:
+    """What is wrong with ``doc`` as a result document (DESIGN.md §4), or None.  Renderers,
+    redaction and ``--save`` only ever see documents this accepts."""
+    if not isinstance(doc, dict):
+        return f"the result is {_type_name(doc)}, not an object"
+    for key in ("schema", "status", "summary", "findings", "data", "log", "error"):
+        if key not in doc:
+            return f"the result has no {key!r}"
+    if doc["schema"] != 1 or not isinstance(doc["schema"], int) or isinstance(doc["schema"], bool):
+        return f"schema is {doc['schema']!r:.40}, not 1"
+    if not isinstance(doc["status"], str) or doc["status"] not in STATUSES:
+        shown = repr(doc["status"])[:40] if isinstance(doc["status"], str) else _type_name(doc["status"])
+        return f"status is {shown}, not one of {', '.join(STATUSES)}"
+    for key in ("summary",):
+        if not isinstance(doc[key], str):
+            return f"{key} is {_type_name(doc[key])}, not a string"
+    for key in ("diagnostic", "target"):
+        if key in doc and doc[key] is not None and not isinstance(doc[key], str):
+            return f"{key} is {_type_name(doc[key])}, not a string"
+    if "duration_s" in doc and not _is_number(doc["duration_s"]):
+        return f"duration_s is {_type_name(doc['duration_s'])}, not a number"
+    if not isinstance(doc["data"], dict):
+        return f"data is {_type_name(doc['data'])}, not an object"
+    for name, fields, optional in (("findings", ("level", "code", "message"), ("hint", "action")),
+                                   ("log", ("level", "source", "message"), ())):
+        items = doc[name]
+        if not isinstance(items, list):
+            return f"{name} is {_type_name(items)}, not a list"
+        for i, item in enumerate(items):
+            problem = _fields_problem(f"{name}[{i}]", item, fields, optional)
+            if problem:
+                return problem
+    error = doc["error"]
+    if error is not None:
+        problem = _fields_problem("error", error, ("layer", "type", "message"),
+                                  ("traceback", "stderr"))
+        if problem:
+            return problem
+        if error["layer"] not in ERROR_LAYERS:
+            return f"error.layer {error['layer'][:40]!r} is not one of {', '.join(ERROR_LAYERS)}"
+    return None

@@ -1,0 +1,460 @@
+"""The wire module: what crosses to a target and the one gate what comes back passes
+(DESIGN.md §3 invariants 1 and 8; issue 10 items 6, 7 and the runner-level check)."""
+
+import importlib.util
+import json
+import os
+import resource
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diagnostics import bundle, results, runner, wire
+from diagnostics.hops import base, chain_for
+from diagnostics.hops.local import LocalTransport
+from diagnostics.hops.ssh import SshPool
+from diagnostics.topology import Target
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNTIME_PATH = os.path.join(REPO, "diagnostics", "scripts", "_runtime.py")
+HOSTILE = os.path.join(REPO, "tests", "fixtures", "hostile", "python")
+NONCE = "0123456789abcdef"
+
+
+def load_runtime():
+    spec = importlib.util.spec_from_file_location("mldiag_runtime_under_test", RUNTIME_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def good_doc(**changes):
+    doc = {"schema": 1, "diagnostic": "ping", "target": "t", "status": "ok", "summary": "fine",
+           "findings": [{"level": "warn", "code": "c", "message": "m", "hint": "h"}],
+           "data": {"nested": {"a": [1, 2.5, None, True, "s"]}},
+           "log": [{"level": "WARNING", "source": "x", "message": "y"}], "error": None,
+           "duration_s": 0.25}
+    doc.update(changes)
+    return doc
+
+
+def framed(doc, nonce=NONCE) -> bytes:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return (b"noise\n" + (wire.FRAME_BEGIN % nonce).encode() + b"\n" + body + b"\n"
+            + (wire.FRAME_END % nonce).encode() + b"\n")
+
+
+# ----------------------------------------------------------------------------- one format
+
+
+def test_runtime_markers_are_the_wire_markers():
+    """_runtime.py cannot import wire (a remote single file): its copies must agree."""
+    rt = load_runtime()
+    assert rt.FRAME_BEGIN == wire.FRAME_BEGIN
+    assert rt.FRAME_END == wire.FRAME_END
+    assert wire.OLD_PYTHON_MARK in wire.STAGE_A
+
+
+def test_what_the_runtime_emits_is_what_the_client_reads(capfd):
+    rt = load_runtime()
+    doc = good_doc(summary="ü \x1b[2J emitted")
+    rt.emit(NONCE, doc)
+    out = capfd.readouterr().out.encode("utf-8")
+    assert wire.read_result(b"before" + out, NONCE) == doc
+
+
+def test_bundle_and_hops_use_the_wire_constants():
+    from diagnostics.hops import interpreter
+    assert bundle.BOOT is wire.BOOT and bundle.STAGE_A is wire.STAGE_A
+    assert interpreter.Interpreter("python3").argv() == ["python3", "-c", wire.BOOT]
+
+
+def test_protocol_is_an_error_layer():
+    assert "protocol" in results.ERROR_LAYERS
+    assert results.ERROR_LAYERS[-1] == "internal"
+
+
+@settings(max_examples=50, deadline=None)
+@given(header=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), max_size=4),
+       files=st.dictionaries(st.text(min_size=1, max_size=12), st.binary(max_size=200), max_size=4))
+def test_payload_round_trips(header, files):
+    header = {**header, "nonce": NONCE}
+    payload = wire.build_payload(b"RUNTIME\n\x00", header, files)
+    stage_a, runtime, decoded, got = wire.parse_payload(payload)
+    assert stage_a == wire.STAGE_A and runtime == b"RUNTIME\n\x00"
+    assert decoded == header and got == files
+
+
+def test_a_truncated_payload_is_refused():
+    payload = wire.build_payload(b"R", {"nonce": NONCE}, {"a.py": b"x" * 10})
+    with pytest.raises(ValueError):
+        wire.parse_payload(payload[:-3])
+    with pytest.raises(ValueError):
+        wire.parse_payload(payload + b"extra")
+
+
+# ----------------------------------------------------------------------------- the runner's argv
+
+
+class RecordingLocal(LocalTransport):
+    """The real local transport, remembering exactly what it was handed."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def run(self, argv, payload, deadline):
+        self.calls.append((list(argv), payload))
+        return super().run(argv, payload, deadline)
+
+
+def test_the_transport_is_handed_only_the_bootstrap_and_the_payload(monkeypatch):
+    """A runner-level check: the command line is exactly `PYTHON -c BOOT`, and everything else
+    (script, arguments, env, --put files) is in the payload, where the runtime finds it."""
+    calls = []
+
+    def recording_chain(target, pool):
+        chain = chain_for(target, pool)
+        chain.transport = RecordingLocal(calls)
+        return chain
+
+    monkeypatch.setattr(runner, "chain_for", recording_chain)
+    source = textwrap.dedent("""\
+        import sys
+        print(open("data.bin", "rb").read().hex(), sys.argv[1:])
+    """).encode()
+    job = bundle.Job("run-script", "probe-name.py", source, argv=("--flag", "a b", "$HOME"),
+                     mode="script", extra_files={"data.bin": b"\x00\xffput"}, timeout=42)
+    target = Target(name="rec", local=True, python=sys.executable,
+                    env=(("SECRET_TOKEN", "s3cr3t-value"), ("PLAIN", "v")))
+    result = runner.run_one(target, job, SshPool())
+    assert result.status == "ok", result.to_dict()
+    assert "00ff707574" in result.data["stdout"] and "$HOME" in result.data["stdout"]
+    [(argv, payload)] = calls
+    assert argv == [sys.executable, "-c", wire.BOOT]
+    stage_a, runtime, header, files = wire.parse_payload(payload)
+    assert stage_a == wire.STAGE_A
+    with open(RUNTIME_PATH, "rb") as f:
+        assert runtime == f.read()
+    assert files == {"probe-name.py": source, "data.bin": b"\x00\xffput"}
+    assert len(header.pop("nonce")) == 16
+    assert header == {"v": 1, "diagnostic": "run-script", "target": "rec", "mode": "script",
+                      "script": "probe-name.py", "argv": ["--flag", "a b", "$HOME"],
+                      "env": {"SECRET_TOKEN": "s3cr3t-value", "PLAIN": "v"}, "timeout": 42,
+                      "keep": False, "activate": [], "python": sys.executable}
+    assert not any("probe-name" in token or "s3cr3t" in token for token in argv)
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def test_the_frame_with_this_runs_nonce_is_read():
+    other = framed(good_doc(summary="other run"), nonce="f" * 16)
+    mine = framed(good_doc(summary="mine"))
+    assert wire.read_result(other + mine + other, NONCE)["summary"] == "mine"
+    assert wire.read_result(other, NONCE) is None
+    assert wire.read_result(b"", NONCE) is None
+
+
+def test_the_last_frame_wins():
+    stdout = framed(good_doc(summary="first")) + framed(good_doc(summary="last"))
+    assert wire.read_result(stdout, NONCE)["summary"] == "last"
+
+
+def test_an_end_marker_without_its_begin_is_a_protocol_error():
+    stdout = b"x" * 100 + b"\n" + (wire.FRAME_END % NONCE).encode() + b"\n"
+    with pytest.raises(wire.ProtocolError, match="without its begin"):
+        wire.read_result(stdout, NONCE)
+
+
+def test_a_marker_flood_is_scanned_once():
+    """20,000 begin markers (92 s of client CPU with the old regex): still one frame, found."""
+    flood = ((wire.FRAME_BEGIN % NONCE).encode() + b"\n") * 20000
+    assert wire.read_result(flood, NONCE) is None
+    # the flood's last marker is the frame's start
+    assert wire.read_result(flood + json.dumps(good_doc()).encode() + b"\n"
+                            + (wire.FRAME_END % NONCE).encode(), NONCE) == good_doc()
+    with pytest.raises(wire.ProtocolError):
+        wire.read_result(flood + b"{}\n[" + flood + (wire.FRAME_END % NONCE).encode(), NONCE)
+    assert wire.read_result(flood + framed(good_doc()), NONCE)["summary"] == "fine"
+
+
+# ----------------------------------------------------------------------------- depth and size
+
+
+def reference_depth(text: bytes):
+    """Max nesting outside strings by a plain byte walk, None if the brackets do not balance,
+    "open" for an unterminated string (the parser refuses that itself, after the brackets
+    before it were counted)."""
+    depth = best = 0
+    in_string = escaped = False
+    for byte in text:
+        c = chr(byte)
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif c in "]}":
+            depth -= 1
+            if depth < 0:
+                return None
+    if in_string:
+        return "open"
+    return best if depth == 0 else None
+
+
+json_text = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab'),
+                         lambda inner: st.lists(inner, max_size=3)
+                         | st.dictionaries(st.text(alphabet='[]{"\\k', max_size=3), inner, max_size=3),
+                         max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_text)
+def test_depth_check_agrees_with_a_byte_walk_on_json(value):
+    text = json.dumps(value).encode()
+    depth = reference_depth(text)
+    for limit in (1, 2, 3, 5):
+        if depth <= limit:
+            wire.check_depth(text, limit)
+        else:
+            with pytest.raises(wire.ProtocolError):
+                wire.check_depth(text, limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet='[]{}"\\x', max_size=40))
+def test_depth_check_refuses_whatever_a_byte_walk_calls_unbalanced_or_deep(text):
+    data = text.encode()
+    depth = reference_depth(data)
+    if depth == "open":
+        return
+    if depth is None or depth > 3:
+        with pytest.raises(wire.ProtocolError):
+            wire.check_depth(data, 3)
+    else:
+        wire.check_depth(data, 3)
+
+
+def test_depth_limit_is_exact():
+    wire.decode_result(json.dumps(good_doc(data={"d": json.loads("[" * 62 + "]" * 62)})).encode())
+    with pytest.raises(wire.ProtocolError, match="deeper than 64"):
+        wire.decode_result(json.dumps(good_doc(data={"d": json.loads("[" * 63 + "]" * 63)})).encode())
+
+
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000,
+                                  b'{"a":' * 100000 + b"1" + b"}" * 100000,
+                                  b"[" * 100000,
+                                  b'"\\' * 50000 + b"[" * 1000])
+def test_deep_nesting_is_refused_before_any_parser_recurses(body):
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_result(body)
+
+
+def test_brackets_inside_strings_do_not_count():
+    doc = good_doc(summary="[[[[" * 1000 + '\\"{{{{' * 1000)
+    assert wire.decode_result(json.dumps(doc).encode()) == doc
+
+
+def test_size_is_bounded_before_parsing():
+    body = json.dumps(good_doc(data={"pad": "x" * wire.MAX_RESULT_BYTES})).encode()
+    with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit"):
+        wire.decode_result(body)
+
+
+@pytest.mark.parametrize("body", [b'{"schema": 1, "x": NaN}', b'{"x": Infinity}', b"\xff\xfe",
+                                  b"", b"nul\x00l", b'{"schema": 1} trailing'])
+def test_non_json_is_a_protocol_error(body):
+    with pytest.raises(wire.ProtocolError, match="not JSON"):
+        wire.decode_result(body)
+
+
+# ----------------------------------------------------------------------------- the schema
+
+
+MALFORMED = {
+    "the document a list": ([good_doc()], "the result is a list"),
+    "the document a string": ("ok", "the result is a string"),
+    "status a list": (good_doc(status=["ok"]), "status is a list"),
+    "status unknown": (good_doc(status="fine"), "status is 'fine'"),
+    "schema 2": (good_doc(schema=2), "schema is 2"),
+    "schema true": (good_doc(schema=True), "schema is True"),
+    "schema a string": (good_doc(schema="1"), "schema is '1'"),
+    "no status": ({k: v for k, v in good_doc().items() if k != "status"}, "has no 'status'"),
+    "no error key": ({k: v for k, v in good_doc().items() if k != "error"}, "has no 'error'"),
+    "summary a number": (good_doc(summary=3), "summary is a number"),
+    "diagnostic an object": (good_doc(diagnostic={}), "diagnostic is an object"),
+    "target a list": (good_doc(target=[]), "target is a list"),
+    "duration a string": (good_doc(duration_s="1"), "duration_s is a string"),
+    "duration a boolean": (good_doc(duration_s=True), "duration_s is a boolean"),
+    "data a list": (good_doc(data=[]), "data is a list"),
+    "findings an object": (good_doc(findings={}), "findings is an object"),
+    "a finding a string": (good_doc(findings=["x"]), r"findings\[0\] is a string"),
+    "a finding without code": (good_doc(findings=[{"level": "warn", "message": "m"}]),
+                               r"findings\[0\] has no 'code'"),
+    "a finding's level a list": (good_doc(findings=[{"level": [], "code": "c", "message": "m"}]),
+                                 r"findings\[0\]\.level is a list"),
+    "a finding's hint a number": (good_doc(findings=[{"level": "warn", "code": "c", "message": "m",
+                                                      "hint": 1}]), r"findings\[0\]\.hint is a number"),
+    "a finding's action an object": (good_doc(findings=[{"level": "warn", "code": "c", "message": "m",
+                                                         "action": {}}]), r"\.action is an object"),
+    "log a string": (good_doc(log="x"), "log is a string"),
+    "a log entry a list": (good_doc(log=[[]]), r"log\[0\] is a list"),
+    "a log message null": (good_doc(log=[{"level": "I", "source": "s", "message": None}]),
+                           r"log\[0\]\.message is null"),
+    "error a string": (good_doc(status="error", error="boom"), "error is a string"),
+    "error without layer": (good_doc(error={"type": "t", "message": "m"}), "error has no 'layer'"),
+    "error layer unknown": (good_doc(error={"layer": "nope", "type": "t", "message": "m"}),
+                            "error.layer 'nope' is not one of"),
+    "error layer a list": (good_doc(error={"layer": ["x"], "type": "t", "message": "m"}),
+                           r"error\.layer is a list"),
+    "error traceback a number": (good_doc(error={"layer": "crashed", "type": "t", "message": "m",
+                                                 "traceback": 3}), r"error\.traceback is a number"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_off_schema_documents_are_refused(name):
+    doc, reason = MALFORMED[name]
+    with pytest.raises(wire.ProtocolError, match=reason):
+        wire.decode_result(json.dumps(doc).encode())
+
+
+def test_well_formed_documents_pass_whole():
+    for doc in (good_doc(), good_doc(error={"layer": "crashed", "type": "T", "message": "m",
+                                            "traceback": None, "stderr": "e"}, status="error"),
+                good_doc(findings=[], log=[], data={}, diagnostic=None, target=None),
+                good_doc(findings=[{"level": "fail", "code": "c", "message": "m", "hint": None,
+                                    "action": "drain", "_gpu": 0}])):
+        assert wire.decode_result(json.dumps(doc).encode()) == doc
+        assert results.Result.from_dict(doc).to_dict()["status"] == doc["status"]
+
+
+def test_the_runtime_s_own_answers_pass():
+    """Every shape the real runtime produces (ok, crashed, script mode) passes validation."""
+    ok = runner.run_one(Target(name="l", local=True, python=sys.executable),
+                        bundle.script_job("ping"), SshPool())
+    assert ok.status == "ok", ok.to_dict()
+    crashed = runner.run_one(Target(name="l", local=True, python=sys.executable),
+                             bundle.Job("demo", "d.py", b"import argparse\n"
+                                        b"def build_parser(): return argparse.ArgumentParser()\n"
+                                        b"def run(a): raise KeyError()\n"), SshPool())
+    assert crashed.error.layer == "crashed", crashed.to_dict()
+
+
+def test_an_excerpt_is_bounded_and_has_no_raw_control_characters():
+    exc = wire.ProtocolError("bad", b"\x1b]0;owned\x07\x1b[2J\r\n\xff" + "é".encode() * 1000)
+    assert len(exc.excerpt) <= wire.EXCERPT_CHARS + 3
+    assert not any(ord(c) < 32 or ord(c) == 127 for c in str(exc))
+    assert "\\x1b" in exc.excerpt and exc.excerpt.endswith("…")
+
+
+# ----------------------------------------------------------------------------- a hostile target, end to end (local)
+
+
+def hostile(mode, **env):
+    pairs = (("HOSTILE_MODE", mode),) + tuple((k, str(v)) for k, v in env.items())
+    return Target(name=f"hostile-{mode}", local=True, python=HOSTILE, env=pairs)
+
+
+@pytest.mark.parametrize("mode", ["status-list", "doc-list", "finding-str", "error-str",
+                                  "error-layer", "nan", "schema-2", "log-int", "not-json", "deep",
+                                  "deep-dict"])
+def test_a_malformed_frame_is_that_targets_protocol_row(mode):
+    r = runner.run_one(hostile(mode), bundle.script_job("ping"), SshPool())
+    assert r.status == "error" and r.error.layer == "protocol", r.to_dict()
+    assert r.error.message.startswith("the target answered with a malformed result")
+    assert len(r.error.message) < 600
+    assert not any(ord(c) < 32 for c in r.summary)
+
+
+def test_malformed_targets_cost_no_other_target_its_row():
+    targets = [hostile("status-list"), Target(name="good", local=True, python=sys.executable),
+               hostile("deep"), hostile("marker-flood", HOSTILE_COUNT=20000)]
+    got = runner.run_many(targets, bundle.script_job("ping"), parallel=4)
+    assert [r.target for r in got] == [t.name for t in targets]
+    assert [r.status for r in got] == ["error", "ok", "error", "error"]
+    assert [r.error.layer for r in got if r.error] == ["protocol"] * 3
+    assert results.exit_code(got) == 3
+
+
+def test_a_frame_after_floods_of_output_still_arrives():
+    for mode, env in (("stdout-flood", {"HOSTILE_BYTES": 40 * 2**20}),
+                      ("stderr-flood", {"HOSTILE_BYTES": 40 * 2**20}),
+                      ("marker-flood-then-ok", {"HOSTILE_COUNT": 20000})):
+        r = runner.run_one(hostile(mode, **env), bundle.script_job("ping"), SshPool())
+        assert r.status == "ok", (mode, r.to_dict())
+
+
+def test_a_frame_over_the_limit_is_a_protocol_row():
+    r = runner.run_one(hostile("huge-frame", HOSTILE_BYTES=wire.MAX_RESULT_BYTES + 1000),
+                       bundle.script_job("ping"), SshPool())
+    assert r.error is not None and r.error.layer == "protocol", r.to_dict()
+
+
+# ----------------------------------------------------------------------------- bounded streams
+
+
+def test_stream_capture_keeps_a_head_and_a_tail_and_counts_the_rest():
+    cap = base.StreamCapture(head=10, tail=20)
+    data = bytes(range(256)) * 40
+    for i in range(0, len(data), 7):
+        cap.feed(data[i:i + 7])
+    assert cap.total == len(data)
+    assert cap.dropped == len(data) - 30
+    value = cap.value()
+    assert value.startswith(data[:10]) and value.endswith(data[-20:])
+    assert b"%d bytes not kept" % (len(data) - 30) in value
+    assert cap.tail_size <= 20 + 7     # never more than the limit and one chunk held
+
+
+def test_stream_capture_under_its_limits_is_the_stream():
+    cap = base.StreamCapture(head=10, tail=20)
+    cap.feed(b"0123456789abcdef")
+    cap.feed(b"ghij")
+    assert cap.value() == b"0123456789abcdefghij" and cap.dropped == 0
+
+
+def test_stdout_keeps_room_for_a_whole_maximal_frame():
+    assert wire.STDOUT_TAIL > wire.MAX_RESULT_BYTES + 2 * len(wire.FRAME_END % ("f" * 64))
+
+
+def test_a_target_that_never_reads_its_stdin_costs_the_deadline_not_a_hang():
+    import time
+    never = os.path.join(REPO, "tests", "fixtures", "hostile", "never-reads")
+    started = time.monotonic()
+    out = LocalTransport().run([never], b"x" * (8 * 2**20), time.monotonic() + 2)
+    assert out.timed_out and out.exit_code is None
+    assert time.monotonic() - started < 30      # generous: what fails is a hang, not a slow box
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+
+def test_concurrency_follows_the_descriptor_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))
+        assert base.concurrent_runs_allowed() == (100 - base.FD_RESERVE) // base.FDS_PER_RUN
+        assert SshPool().max_open == base.concurrent_runs_allowed()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_out_of_descriptors_is_said_plainly():
+    import errno
+    assert base.out_of_descriptors(OSError(errno.EMFILE, "Too many open files"))
+    assert not base.out_of_descriptors(OSError(errno.ENOENT, "x"))
+    err = base.descriptors_error("cannot open a connection to h:22")
+    assert err.layer == "unreachable"
+    assert err.message.startswith("out of file descriptors (ulimit -n ")
