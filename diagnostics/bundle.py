@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence
 
 from . import wire
-from .wire import BOOT, OLD_PYTHON_MARK, STAGE_A, bootstrap_argv, parse_payload  # noqa: F401
+from .wire import BOOT, OLD_PYTHON_MARK, STAGE_A, bootstrap_argv, parse_payload
+
+__all__ = ["BOOT", "OLD_PYTHON_MARK", "STAGE_A", "Job", "bootstrap_argv", "build_header",
+           "build_payload", "job_files", "new_nonce", "parse_payload", "script_job"]
 
 SCRIPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 

@@ -1,7 +1,8 @@
 """run(target, job) → Result, and a bounded fan-out over many targets.
 
-Every outcome becomes a Result: the runtime's framed document when one came back, otherwise an
-``error`` classified by the hop that failed (DESIGN.md §3 invariant 4).  Nothing raises out of
+Every outcome becomes a Result: the runtime's framed document when one came back (let in only
+through ``wire.read_result``: a malformed one is the target's ``protocol`` row), otherwise an
+``error`` classified by the hop that failed (DESIGN.md §3 invariants 4 and 8).  Nothing raises out of
 ``run_one`` except KeyboardInterrupt.
 """
 
@@ -22,11 +23,6 @@ from .topology import Target
 DEFAULT_PARALLEL = 32
 # Beyond the target-side timeout, how long the client waits before giving up on a silent link.
 CLIENT_GRACE_S = 15.0
-
-
-def parse_frame(stdout: bytes, nonce: str) -> Optional[dict]:
-    """This run's validated result document (see ``wire.read_result``)."""
-    return wire.read_result(stdout, nonce)
 
 
 def _tail(data: bytes, limit: int = 8192) -> str:
