@@ -4,6 +4,9 @@
   included) with at most ``MAX_CHANNELS`` exec channels in flight (sshd's MaxSessions is 10).
 - Jump hosts: the jump's own pooled connection carries a ``direct-tcpip`` channel that becomes
   the inner connection's socket, so every target behind one jump shares its transport.
+- Lifetimes: a connection closes when the last target planned on it is done; the connections
+  holding a socket are bounded by the descriptor limit (``SshPool``).
+- Every stream read is bounded (head and tail) and every write has the run's deadline.
 - Host keys: ssh_config's UserKnownHostsFile/GlobalKnownHostsFile (hashed entries too) are the
   only trusted source.  Fabric's default ``AutoAddPolicy`` is replaced before connecting.
 - The command line is ``shlex.join`` of an argv whose every token is from the safe alphabet

@@ -315,7 +315,7 @@ MALFORMED = {
     "error a string": (good_doc(status="error", error="boom"), "error is a string"),
     "error without layer": (good_doc(error={"type": "t", "message": "m"}), "error has no 'layer'"),
     "error layer unknown": (good_doc(error={"layer": "nope", "type": "t", "message": "m"}),
-                            "error.layer 'nope' is not one of"),
+                            "error.layer 'nope' is not a known layer"),
     "error layer a list": (good_doc(error={"layer": ["x"], "type": "t", "message": "m"}),
                            r"error\.layer is a list"),
     "error traceback a number": (good_doc(error={"layer": "crashed", "type": "t", "message": "m",
