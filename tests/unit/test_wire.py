@@ -320,6 +320,8 @@ MALFORMED = {
                            r"error\.layer is a list"),
     "error traceback a number": (good_doc(error={"layer": "crashed", "type": "t", "message": "m",
                                                  "traceback": 3}), r"error\.traceback is a number"),
+    "error stderr a list": (good_doc(error={"layer": "crashed", "type": "t", "message": "m",
+                                            "stderr": ["x"]}), r"error\.stderr is a list"),
 }
 
 
@@ -412,10 +414,23 @@ def test_stream_capture_keeps_a_head_and_a_tail_and_counts_the_rest():
         cap.feed(data[i:i + 7])
     assert cap.total == len(data)
     assert cap.dropped == len(data) - 30
-    value = cap.value()
-    assert value.startswith(data[:10]) and value.endswith(data[-20:])
-    assert b"%d bytes not kept" % (len(data) - 30) in value
+    note = b"\n[mldiag: %d bytes not kept]\n" % (len(data) - 30)
+    assert cap.value() == data[:10] + note + data[-20:]
     assert cap.tail_size <= 20 + 7     # never more than the limit and one chunk held
+
+
+def test_stream_capture_fed_a_byte_at_a_time():
+    cap = base.StreamCapture(head=3, tail=4)
+    for byte in b"abcdefghij":
+        cap.feed(bytes([byte]))
+    assert cap.value() == b"abc\n[mldiag: 3 bytes not kept]\nghij" and cap.dropped == 3
+
+
+def test_stream_capture_trims_the_chunk_that_straddles_the_tail_limit():
+    cap = base.StreamCapture(head=2, tail=5)
+    for chunk in (b"abcd", b"efgh", b"ijkl"):
+        cap.feed(chunk)
+    assert cap.value() == b"ab\n[mldiag: 5 bytes not kept]\nhijkl" and cap.dropped == 5
 
 
 def test_stream_capture_under_its_limits_is_the_stream():
