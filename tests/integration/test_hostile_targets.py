@@ -188,3 +188,27 @@ def test_150_targets_under_ulimit_100(lab, fleet150, tmp_path):
     servers = {t.server.name: t.server for t in targets}
     opened = sum(s.connection_count() - counts_before[name] for name, s in servers.items())
     assert opened == 150, opened
+
+
+def test_connections_close_with_their_last_target_and_stay_under_the_bound(lab):
+    """Item 12, in the pool: seven endpoints (four users on `main`, `defaults`, `nosftp`, and
+    `inner` through `jump`) under a bound of two open sockets: every target ok, never more than
+    two direct connections at once, and none left open when the run ends (the pool is the
+    caller's, so it is not the final close() that did it). Invariant 7 holds: the two targets
+    on one host share its connection."""
+    from diagnostics import bundle, runner, topology
+    from diagnostics.hops.ssh import SshPool
+    names = ["main", "main-again", "main-mlzsh", "main-nosudo", "main-root", "defaults", "nosftp", "inner"]
+    hosts = lab.hosts_yaml("hosts:\n" + "".join(
+        f"  {n}: {{address: {'main' if n == 'main-again' else n}}}\n" for n in names))
+    topo = topology.load(str(hosts))
+    pool = SshPool(max_open=2)
+    try:
+        results = runner.run_many([topo.targets[n] for n in names], bundle.script_job("ping"),
+                                  pool=pool, parallel=8)
+        assert [r.status for r in results] == ["ok"] * len(names), [r.summary for r in results]
+        assert pool.peak_open <= 2, pool.peak_open
+        assert pool._conns == {}, list(pool._conns)
+        assert pool.opened >= 8     # seven endpoints and the jump host; evictions may add more
+    finally:
+        pool.close()
