@@ -10,7 +10,8 @@ frame, 20,000 and 200,000 frame-begin markers, a frame over the size limit, 100,
 nesting.  The target is local (``local: true``, a child process, no lab needed); with ``--ssh``
 the same cases also run through the test lab's sshd (root needed).  Prints one row per case:
 the client's own CPU (user+sys, the target's excluded), its peak RSS, wall time and the row it
-produced.  Flat is the goal: the client keeps a bounded head and tail per stream
+produced.  CPU and RSS are the whole client process's (the baseline row is its imports);
+wall is the run alone.  Flat is the goal: the client keeps a bounded head and tail per stream
 (diagnostics/wire.py: STDOUT_*/STDERR_*) and scans frames in linear time.
 """
 
@@ -79,7 +80,7 @@ def measure(mode: str, env: dict, hosts: str = "") -> dict:
 
 
 def run_cases(title: str, cases, hosts: str = "") -> None:
-    print(f"\n{title}")
+    print(f"\n{title}", flush=True)
     print(f"{'case':34} {'client CPU s':>12} {'peak RSS MiB':>13} {'wall s':>8}  row")
     for name, mode, env in cases:
         m = measure(mode, env, hosts)
