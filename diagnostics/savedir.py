@@ -76,11 +76,18 @@ def _open_dir(name: str, shown: str, dir_fd: Optional[int] = None) -> int:
     try:
         return os.open(name, _OPEN_DIR, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(f"--save {shown}: a symbolic link; name the directory itself")
-        if exc.errno == errno.ENOTDIR:
-            raise InputError(f"--save {shown}: not a directory")
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):   # Linux says ENOTDIR for a link here
+            raise InputError(f"--save {shown}: " + ("a symbolic link; name the directory itself"
+                                                    if _is_link(name, dir_fd) else "not a directory"))
         raise InputError(f"--save {shown}: {exc.strerror}")
+
+
+def _is_link(name: str, dir_fd: Optional[int]) -> bool:
+    """Only to word the refusal: the O_NOFOLLOW open has already refused it."""
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 class SaveDir:
