@@ -51,7 +51,7 @@ def _check_entry_name(name: str) -> None:
 def _who(uid: int) -> str:
     try:
         import pwd
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except (ImportError, KeyError):
         return f"uid {uid}"
 

@@ -78,13 +78,12 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     if ROOT:
         (tmp_path / "out").mkdir(mode=0o700)
         os.chown(tmp_path / "out", 65534, 65534)
-        path, owner = tmp_path / "out", "uid 65534 (nobody)"
+        path, owner, me = tmp_path / "out", "nobody (uid 65534)", "root (uid 0)"
     else:   # a non-root run: / is root's
-        path, owner = "/", "uid 0 (root)"
-    with pytest.raises(InputError) as exc:
-        SaveDir.open(str(path))
-    assert str(exc.value).startswith(f"--save {path}: owned by {owner}, not by you (uid {os.geteuid()}")
-    assert str(exc.value).endswith("); name a directory of your own")
+        import pwd
+        path, owner = "/", "root (uid 0)"
+        me = f"{pwd.getpwuid(os.geteuid()).pw_name} (uid {os.geteuid()})"
+    refused(path, f"owned by {owner}, not by you ({me}); name a directory of your own")
 
 
 def test_a_symbolic_link_as_the_directory_is_refused_and_never_followed(tmp_path):
