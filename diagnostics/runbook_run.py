@@ -20,7 +20,6 @@ Semantics (README "Runbooks" says the same for users):
 """
 
 import json
-import os
 import re
 import sys
 import time
@@ -241,14 +240,15 @@ class _SavedRun:
 
     def __init__(self, path: str, book: Runbook, targets: Sequence[Target]):
         self.top = SaveDir.open(path)
+        self.steps: Optional[SaveDir] = None
+        self._dirs: Dict[int, SaveDir] = {}
         try:
             self.top.check_files(["report.md", "report.json"])
             self.steps = self.top.subdir("steps")
-            self._dirs: Dict[int, SaveDir] = {}
             names = [result_file_name(t.name) for t in targets] + ["summary.json"]
             for number, step in enumerate(book.steps, 1):   # one left from an earlier run
                 name = _step_dir_name(number, step)
-                if _exists(self.steps, name):
+                if self.steps.exists(name):
                     self._dirs[number] = self.steps.subdir(name)
                     self._dirs[number].check_files(names)
         except BaseException:
@@ -261,17 +261,9 @@ class _SavedRun:
         return self._dirs[sr.number]
 
     def close(self) -> None:
-        for d in list(getattr(self, "_dirs", {}).values()) + [getattr(self, "steps", None), self.top]:
+        for d in list(self._dirs.values()) + [self.steps, self.top]:
             if d is not None:
                 d.close()
-
-
-def _exists(parent: SaveDir, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),

@@ -162,6 +162,15 @@ class SaveDir:
                 raise InputError(f"--save {os.path.join(self.path, name)}: a directory is in "
                                  f"the way of a file mldiag writes")
 
+    def exists(self, name: str) -> bool:
+        """Is there an entry ``name`` here (a link counts, whatever it points at)?"""
+        _check_entry_name(name)
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
     def _new_temp(self, name: str):
         """(temp name, fd): a name nobody has used, created by us, never a link's target."""
         for _ in range(_TEMP_TRIES):

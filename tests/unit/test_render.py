@@ -436,3 +436,48 @@ def test_views_take_any_json_a_target_sends(data, gpus):
                Result("gpu-status", "c", "ok", "s", data={"gpus": [data]})]
     for name, text in every_view(results).items():
         assert unsafe_in(text) == [], name
+
+
+# --------------------------------------------------------------------------- through `mldiag`
+
+def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
+    """The issue's reproductions through the real program, on local targets: a package whose
+    METADATA ``Version:`` sets the title and clears the screen (env-report's drift and full
+    views), and a gpu-status answer whose GPU name holds escapes and whose memory is a string
+    (an interpreter wrapper rewrites the result document on its way out)."""
+    import subprocess
+    import sys
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    dist = tmp_path / "site" / "evilpkg-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evilpkg\n"
+                                   "Version: 1.0\x1b]0;owned\x07\x1b[2J\u202e\n")
+    wrapper = tmp_path / "python-rewriting"
+    wrapper.write_text("#!/bin/sh\n" + sys.executable + ' "$@" | sed '
+                       r"""'s/"memory_used_mib": [0-9.]*/"memory_used_mib": "lots"/g; """
+                       r"""s/"name": "NVIDIA H200"/"name": "H200\\u001b]0;x\\u0007\\u009b2J"/g'""" + "\n")
+    wrapper.chmod(0o755)
+    (tmp_path / "hosts.yaml").write_text(
+        f"hosts:\n  evil: {{local: true, env: {{PYTHONPATH: {tmp_path / 'site'}}}}}\n"
+        "  twin: {local: true}\n"
+        f"  gpus: {{local: true, python: {wrapper}, env: {{PATH: \"{repo / 'tests' / 'fakes'}:/usr/bin:/bin\", "
+        "MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}}\n")
+
+    def mldiag(*argv):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "MLDIAG_HOSTS_FILE"}
+        env["PYTHONPATH"] = str(repo)
+        return subprocess.run([sys.executable, "-c", "from diagnostics.program import main; main()",
+                               *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    drift = mldiag("env-report", "-H", "evil,twin", "--packages", "evilpkg")
+    full = mldiag("env-report", "-H", "evil", "--full", "--packages", "evilpkg")
+    gpus = mldiag("gpu-status", "-H", "gpus")
+    for r in (drift, full, gpus):
+        assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+        assert unsafe_in(r.stdout + r.stderr) == [], r.stdout
+    assert "  evilpkg: 1.0\\x1b]0;owned\\x07\\x1b[2J\\u202e on evil, none on twin\n" in drift.stdout
+    assert "  packages.evilpkg: 1.0\\x1b]0;owned\\x07\\x1b[2J\\u202e\n" in full.stdout
+    assert gpus.returncode == 0, gpus.stdout + gpus.stderr
+    rows = [line for line in gpus.stdout.split("\n\n")[1].splitlines() if line.startswith("gpus ")]
+    assert len(rows) == 8 and rows[0].split()[:4] == ["gpus", "0", "H200\\x1b]0;x\\x07\\x9b2J",
+                                                      "lots/143771"], rows
