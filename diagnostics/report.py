@@ -47,7 +47,7 @@ SKIP_CELLS = {"param": "skipped (param)", "when": "skipped (when)", "setting": "
 
 _CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 _INLINE_SYNTAX = re.compile(r"[\\`*<\[\]&~|$#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-_LINKISH = re.compile(r"@|:/|//|www\.", re.IGNORECASE)
+_LINKISH = re.compile(r"@|//|www\.", re.IGNORECASE)   # scheme:// has its //
 _ASCII_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 
