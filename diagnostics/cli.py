@@ -16,6 +16,7 @@ from . import render, runner, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError
 from .results import Result, exit_code
+from .savedir import SaveDir, result_file_name
 from .topology import Target
 
 JobSource = Union[Job, Callable[[Target], Job]]
@@ -104,30 +105,35 @@ def script_file_job(path: str, argv: Sequence[str], puts: Sequence[str]) -> Job:
                argv=tuple(argv), mode="script", extra_files=extra)
 
 
-def save_result(directory: str, result: Result) -> None:
+def save_result(save: SaveDir, result: Result) -> None:
     """One target's document, written as soon as it arrives (an interrupted run keeps it)."""
-    os.makedirs(directory, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", result.target) or "target"
-    path = os.path.join(directory, f"{name}.json")
-    with open(path + ".part", "w") as f:
-        json.dump(result.to_dict(), f, indent=2)
-    os.replace(path + ".part", path)
+    save.write_json(result_file_name(result.target), render.strict_json(result.to_dict()))
 
 
-def save_summary(directory: str, results: Sequence[Result],
+def save_summary(save: SaveDir, results: Sequence[Result],
                  interrupted: Optional[Sequence[str]] = None) -> None:
     """summary.json; after Ctrl-C (``interrupted``: the targets that had not finished) it says
     so, with exit code 130, and lists only what finished."""
-    os.makedirs(directory, exist_ok=True)
     doc = {"summary": render.summary_line(results) if results else "nothing finished",
            "exit_code": EXIT_INTERRUPTED if interrupted is not None else exit_code(results),
            "targets": {r.target: r.status for r in results}}
     if interrupted is not None:
         doc.update(interrupted=True, not_finished=list(interrupted))
-    with open(os.path.join(directory, "summary.json") + ".part", "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(os.path.join(directory, "summary.json") + ".part",
-               os.path.join(directory, "summary.json"))
+    save.write_json("summary.json", doc)
+
+
+def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[SaveDir]:
+    """``--save DIR`` made or checked before any connection (savedir.py says what is refused);
+    None without --save."""
+    if not path:
+        return None
+    save = SaveDir.open(path)
+    try:
+        save.check_files(["summary.json"] + [result_file_name(t.name) for t in targets])
+    except InputError:
+        save.close()
+        raise
+    return save
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
@@ -141,6 +147,7 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         if callable(job):
             for target in targets:   # every target's job is checked before anything runs
                 job(target)
+        save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
 
@@ -153,12 +160,12 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             changes["keep_remote"] = True
         return replace(j, **changes) if changes else j
 
-    progress = Progress(len(targets), sys.stderr)
+    progress = render.Progress(len(targets), sys.stderr)
     finished: List[Result] = []
 
     def arrived(result: Result) -> None:
-        if opts.save:
-            save_result(opts.save, result)
+        if save is not None:
+            save_result(save, result)
         finished.append(result)
         progress.add(result)
 
@@ -167,9 +174,9 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
                                   on_result=arrived)
     except KeyboardInterrupt:
         # run_many has closed every connection: the remote runtimes see stdin close and stop
-        if opts.save:
+        if save is not None:
             done = {r.target for r in finished}
-            save_summary(opts.save, list(finished), interrupted=sorted(
+            save_summary(save, list(finished), interrupted=sorted(
                 t.name for t in targets if t.name not in done and t.slurm is None))
         raise Exit(f"mldiag: interrupted ({len(finished)} of {len(targets)} targets finished"
                    + (f", saved in {opts.save})" if opts.save else ")"), code=EXIT_INTERRUPTED)
@@ -177,12 +184,13 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
     finally:
         progress.done()
-    if opts.save:
-        save_summary(opts.save, results)
+    if save is not None:
+        save_summary(save, results)
+        save.close()
     if opts.json:
         render.render_json(results, out)
     else:
-        details = render_diff if opts.diff else after_table
+        details = render.render_diff if opts.diff else after_table
         render.render_table(results, out, details=details)
     out.flush()
     code = exit_code(results)
@@ -201,50 +209,6 @@ def internal_error(exc: BaseException) -> str:
         f.write(redact_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
     return (f"mldiag: internal error (a bug of ours, please report it): {type(exc).__name__}: "
             f"{redact_text(str(exc))}\nmldiag: full traceback in {path}")
-
-
-class Progress:
-    """``[12/64] 2 failed`` on stderr while targets run — only when stderr is a terminal."""
-
-    def __init__(self, total: int, stream: TextIO):
-        self.total, self.stream = total, stream
-        self.count = self.bad = 0
-        self.live = total > 1 and stream.isatty()
-
-    def add(self, result: Result) -> None:
-        self.count += 1
-        self.bad += result.status in ("fail", "error")
-        if self.live:
-            self.stream.write(f"\r[{self.count}/{self.total}] {self.bad} failed so far ")
-            self.stream.flush()
-
-    def done(self) -> None:
-        if self.live and self.count:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
-def render_diff(results: Sequence[Result], out: TextIO) -> None:
-    """Only the data fields that differ from the majority (targets that answered)."""
-    from .drift import drift, format_drift
-    ran = [r for r in results if r.status != "error"]
-    if len(ran) < 2:
-        render_full(results, out)
-        return
-    rows = drift([(r.target, r.data) for r in ran])
-    out.write("\ndrift across %d targets:\n" % len(ran))
-    for line in format_drift(rows) or ["(none: every field agrees)"]:
-        out.write(f"  {line}\n")
-
-
-def render_full(results: Sequence[Result], out: TextIO) -> None:
-    """Every data field of every target that answered, one ``key: value`` a line."""
-    from .drift import flatten
-    ran = [r for r in results if r.status != "error"]
-    for r in ran:
-        out.write(f"\n{r.target}:\n")
-        for key, value in flatten(r.data).items():
-            out.write(f"  {key}: {value}\n")
 
 
 def show_hosts(opts: Options, *, out: TextIO = None) -> None:

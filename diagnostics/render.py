@@ -124,21 +124,32 @@ def fold(results: Iterable[Result]) -> List[Group]:
 
 # --------------------------------------------------------------------------- text hygiene
 
-def _escape_controls(text: str) -> str:
-    """Control characters as visible escapes: remote text must not drive the terminal."""
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if code < 0x20 or 0x7F <= code < 0xA0:
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{code:02x}"))
-        else:
-            out.append(ch)
-    return "".join(out)
+# What a target's text may not put on a terminal, or into a report, as it is: C0, DEL and C1
+# controls drive the terminal (``ESC]0;title BEL``, ``ESC[2J``); the bidi controls reorder what
+# is shown (Trojan Source); U+2028/U+2029 break lines in some viewers; a lone surrogate (bytes
+# that were not UTF-8) cannot be written at all.
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match: "re.Match[str]") -> str:
+    ch = match.group(0)
+    code = ord(ch)
+    return _NAMED_ESCAPES.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def safe_text(value: Any) -> str:
+    """Any value that came from a target as one inert line: each unsafe character (above) as a
+    visible escape (``\\x1b``, ``\\n``, ``\\u202e``). The one escaping layer every view uses —
+    table, per-GPU rows, drift, full view, progress, Markdown; idempotent (a backslash is safe)."""
+    text = "" if value is None else value if isinstance(value, str) else str(value)
+    return UNSAFE.sub(_visible, text)
 
 
 def _cell(text: Any) -> str:
     """A one-line table cell."""
-    return _escape_controls("" if text is None else str(text))
+    return safe_text(text)
 
 
 def _lines(text: Optional[str]) -> List[str]:
@@ -151,7 +162,7 @@ def _lines(text: Optional[str]) -> List[str]:
         if "\r" in raw:
             segments = [seg for seg in raw.split("\r") if seg]
             raw = segments[-1] if segments else ""
-        lines.append(_escape_controls(raw.expandtabs(8)))
+        lines.append(safe_text(raw.expandtabs(8)))
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -169,7 +180,7 @@ def _paint(text: str, status: str, color: bool) -> str:
     return _COLORS[status] + text + _RESET
 
 
-def _emit(stream: TextIO, text: str) -> None:
+def emit(stream: TextIO, text: str) -> None:
     """Write ``text``; on a stream that cannot encode our symbols, ASCII stand-ins."""
     encoding = getattr(stream, "encoding", None)
     if encoding:
@@ -268,7 +279,7 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
     results = list(results)
     groups = fold(results)
     if not groups:
-        _emit(stream, summary_line(results) + "\n")
+        emit(stream, summary_line(results) + "\n")
         return
     rows = [("TARGETS", "STATUS", "SUMMARY")]
     rows += [(_cell(g.name), _cell(g.status), _cell(g.summary)) for g in groups]
@@ -280,10 +291,10 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
             lines.extend(_finding_lines(f, color))
         if group.first.error is not None:
             lines.extend(_error_lines(group, color))
-    _emit(stream, "\n".join(lines) + "\n")
+    emit(stream, "\n".join(lines) + "\n")
     if details:
         details(results, stream)
-    _emit(stream, "\n" + summary_line(results) + "\n")
+    emit(stream, "\n" + summary_line(results) + "\n")
 
 
 def summary_line(results: Iterable[Result]) -> str:
@@ -313,20 +324,20 @@ def summary_line(results: Iterable[Result]) -> str:
 
 # --------------------------------------------------------------------------- JSON
 
-def _strict_json(value: Any) -> Any:
+def strict_json(value: Any) -> Any:
     """NaN/±Infinity as strings: ``json.dump`` would write bare ``NaN``, which is not JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
+        return {k: strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
+        return [strict_json(v) for v in value]
     return value
 
 
 def render_json(results: Iterable[Result], stream: TextIO) -> None:
     """The list of result documents, indented, one trailing newline, nothing else."""
-    docs = _strict_json([r.to_dict() for r in results])
+    docs = strict_json([r.to_dict() for r in results])
     # NOTE: ensure_ascii keeps the output valid on any stream encoding; default=str turns
     # a stray non-JSON value (a Path in data) into text instead of a traceback.
     json.dump(docs, stream, indent=2, allow_nan=False, default=str)
@@ -339,9 +350,9 @@ def render_hosts(rows: Iterable[Tuple[str, str]], stream: TextIO) -> None:
     """``TARGET  CHAIN`` in two aligned columns, one row per target, in the given order."""
     body = [(_cell(name), _cell(chain)) for name, chain in rows]
     if not body:
-        _emit(stream, "no targets\n")
+        emit(stream, "no targets\n")
         return
-    _emit(stream, "\n".join(_columns([("TARGET", "CHAIN")] + body)) + "\n")
+    emit(stream, "\n".join(_columns([("TARGET", "CHAIN")] + body)) + "\n")
 
 
 # ----------------------------------------------------------------------------- gpu-status
@@ -349,31 +360,61 @@ def render_hosts(rows: Iterable[Tuple[str, str]], stream: TextIO) -> None:
 GPU_ROWS_LIMIT = 64   # beyond this many GPUs the per-GPU table is left to --json
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
+    """A number in ``fmt``; anything else a target sent (a string, a list) shown as it is."""
+    if value is None:
+        return "-"
+    if _is_number(value):
+        try:
+            return fmt.format(value)
+        except (ValueError, OverflowError):   # an int too large for a float format
+            return safe_text(value)
+    return safe_text(value)
+
+
+def _memory(used: Any, total: Any) -> str:
+    if total is None:
+        return "-"
+    if _is_number(total) and (used is None or _is_number(used)):
+        shown = "-" if used is None else _num(used / 1024, "{:.1f}")
+        return f"{shown}/{_num(total / 1024)} GiB"
+    return f"{_num(used)}/{_num(total)} MiB"
+
+
+def _power(draw: Any, limit: Any) -> str:
+    return "-" if draw is None else f"{_num(draw)}/{_num(limit)} W"
+
+
+def _clock_events(reasons: Any) -> str:
+    names = reasons.get("names") if isinstance(reasons, dict) else None
+    if not isinstance(names, list):
+        names = [] if names is None else [names]
+    return ",".join(safe_text(n) for n in names if n != "gpu_idle") or "-"
 
 
 def gpu_rows(results: Sequence[Result]) -> List[Tuple[str, ...]]:
-    """One row per GPU of every gpu-status result that has ``data.gpus``."""
+    """One row per GPU of every gpu-status result that has ``data.gpus``; each cell is inert
+    text whatever JSON the target sent (a field of the wrong type is shown, not obeyed)."""
     rows = []
     for r in results:
-        for g in (r.data or {}).get("gpus") or []:
+        gpus = r.data.get("gpus") if isinstance(r.data, dict) else None
+        for g in gpus if isinstance(gpus, list) else []:
             if not isinstance(g, dict):
                 continue
+            target, index = safe_text(r.target), _num(g.get("index"), "{}")
             if g.get("error"):
-                rows.append((r.target, _num(g.get("index"), "{}"), "error: " + str(g["error"]),
-                             "", "", "", "", ""))
+                rows.append((target, index, "error: " + safe_text(g["error"]), "", "", "", "", ""))
                 continue
-            used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
-            memory = "-" if total is None else f"{_num(None if used is None else used / 1024, '{:.1f}')}/{total / 1024:.0f} GiB"
-            power = "-" if g.get("power_draw_w") is None else (
-                f"{g['power_draw_w']:.0f}/{_num(g.get('power_limit_w'))} W")
-            reasons = (g.get("clocks_event_reasons") or {}).get("names") or []
-            reasons = [n for n in reasons if n != "gpu_idle"]
-            rows.append((r.target, _num(g.get("index"), "{}"), str(g.get("name") or "-"), memory,
+            rows.append((target, index, safe_text(g.get("name") or "-"),
+                         _memory(g.get("memory_used_mib"), g.get("memory_total_mib")),
                          _num(g.get("utilization_gpu_pct"), "{:.0f}%"),
-                         _num(g.get("temperature_c"), "{:.0f} C"), power,
-                         ",".join(reasons) or "-"))
+                         _num(g.get("temperature_c"), "{:.0f} C"),
+                         _power(g.get("power_draw_w"), g.get("power_limit_w")),
+                         _clock_events(g.get("clocks_event_reasons"))))
     return rows
 
 
@@ -383,10 +424,70 @@ def render_gpus(results: Sequence[Result], stream: TextIO) -> None:
     if not rows:
         return
     if len(rows) > GPU_ROWS_LIMIT:
-        stream.write(f"\n({len(rows)} GPUs: per-GPU rows are in --json)\n")
+        emit(stream, f"\n({len(rows)} GPUs: per-GPU rows are in --json)\n")
         return
     header = ("TARGET", "GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "CLOCK EVENTS")
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
-    stream.write("\n")
-    for row in [header] + rows:
-        stream.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+             for row in [header] + rows]
+    emit(stream, "\n" + "\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------- data views
+
+def data_of(result: Result) -> Dict[str, Any]:
+    """A result's ``data`` as a mapping whatever the target sent (a list or a string becomes
+    the one field ``data``), for the views that flatten it."""
+    data = result.data
+    if isinstance(data, dict):
+        return data
+    return {} if data is None else {"data": data}
+
+
+def render_diff(results: Sequence[Result], stream: TextIO) -> None:
+    """Only the data fields that differ from the majority (targets that answered)."""
+    from .drift import drift, format_drift
+    ran = [r for r in results if r.status != "error"]
+    if len(ran) < 2:
+        render_full(results, stream)
+        return
+    rows = format_drift(drift([(r.target, data_of(r)) for r in ran]))
+    lines = [f"  {safe_text(line)}" for line in rows] or ["  (none: every field agrees)"]
+    emit(stream, f"\ndrift across {len(ran)} targets:\n" + "\n".join(lines) + "\n")
+
+
+def render_full(results: Sequence[Result], stream: TextIO) -> None:
+    """Every data field of every target that answered, one ``key: value`` a line."""
+    from .drift import flatten
+    lines = []
+    for r in results:
+        if r.status == "error":
+            continue
+        lines += ["", f"{safe_text(r.target)}:"]
+        lines += [f"  {safe_text(key)}: {safe_text(value)}" for key, value in flatten(data_of(r)).items()]
+    if lines:
+        emit(stream, "\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------- progress
+
+class Progress:
+    """``[12/64] 2 failed`` on stderr while targets run — only when stderr is a terminal.
+    (Counts only: no target's text reaches this line.)"""
+
+    def __init__(self, total: int, stream: TextIO):
+        self.total, self.stream = total, stream
+        self.count = self.bad = 0
+        self.live = total > 1 and stream.isatty()
+
+    def add(self, result: Result) -> None:
+        self.count += 1
+        self.bad += result.status in ("fail", "error")
+        if self.live:
+            self.stream.write(f"\r[{self.count}/{self.total}] {self.bad} failed so far ")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.live and self.count:
+            self.stream.write("\r\033[K")
+            self.stream.flush()

@@ -25,35 +25,70 @@ SKIP_CELLS = {"param": "skipped (param)", "when": "skipped (when)", "setting": "
 
 
 # --------------------------------------------------------------------------- Markdown text
+#
+# Every string that came from a target (and, as cheaply, from a runbook file) reaches the
+# Markdown as inline text that renders as it reads and makes nothing: no link, image, heading,
+# list, table, raw HTML or entity, under CommonMark and under GitHub's GFM (tables,
+# strikethrough, bare-URL and e-mail autolinks, math). tests/unit/test_runbook_report.py checks
+# it with two real parsers (markdown-it-py, GitHub's cmark-gfm) over generated hostile strings.
+# - First the terminal layer (render.safe_text): controls, newlines and bidi characters become
+#   visible escapes, so one string is one line.
+# - A backslash before each character that means something inline anywhere in a line:
+#   \ ` * < [ ] & ~ | $ #, and _ at a word's edge (intraword _ is never emphasis, so
+#   ``hw_thermal_slowdown`` keeps its underscores). ! ( ) > : . - + = stay as they are: they
+#   only mean something next to an escaped one or at the start of a line.
+# - A remote string starts a line only in a finding's continuation lines; there its first
+#   character is escaped when it is punctuation, and ``1.`` / ``1)`` lose their list meaning.
+# - A word that a linkifier turns into a link by itself (``https://…``, ``www.…``, ``a@b.c``,
+#   ``//host``) becomes an inline code span: code is never linked, whereas cmark-gfm links the
+#   e-mail ``a\@b\.c`` whatever is escaped in it.
+# - The diagnostics' own code spans (`nvidia-smi -q`) stay code spans, when the string holds
+#   no such word.
 
 _CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+_INLINE_SYNTAX = re.compile(r"[\\`*<\[\]&~|$#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_LINKISH = re.compile(r"@|//|www\.", re.IGNORECASE)   # scheme:// has its //
+_ASCII_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 
 def _md_plain(text: str) -> str:
-    text = re.sub(r"([\\`*<])", r"\\\1", text)
-    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
-    return text.replace("](", "]\\(")
+    return _INLINE_SYNTAX.sub(lambda m: "\\" + m.group(0), text)
 
 
-def _md(text: Any) -> str:
-    """Inline Markdown text: what would turn into markup is escaped, the rest left as it
-    reads in a terminal (``hw_thermal_slowdown`` keeps its underscores: GFM ignores those);
-    the diagnostics' own code spans (`nvidia-smi -q`) stay code spans."""
-    text = render._escape_controls("" if text is None else str(text))
+def _md(text: Any, *, table: bool = False) -> str:
+    """A string as inline Markdown text that reads as it does in a terminal (rules above);
+    ``table``: for a GFM table cell (a code span's pipes escaped too)."""
+    text = render.safe_text(text)
+    if _LINKISH.search(text):
+        words = re.split(r"(\s+)", text)
+        return "".join(_code(w, table=table) if _LINKISH.search(w) else _md_plain(w)
+                       for w in words)
     out, at = [], 0
     for match in _CODE_SPAN.finditer(text):
-        out += [_md_plain(text[at:match.start()]), match.group(0)]
+        span = match.group(0).replace("|", "\\|") if table else match.group(0)
+        out += [_md_plain(text[at:match.start()]), span]
         at = match.end()
     return "".join(out + [_md_plain(text[at:])])
 
 
+def _line_start(md: str) -> str:
+    """Inline Markdown made safe to begin a line: no heading, list, quote, fence, table row,
+    setext underline or thematic break can start there."""
+    md = md.lstrip(" ")
+    if md[:1] and md[0] in _ASCII_PUNCTUATION and md[0] not in "\\`":
+        return "\\" + md
+    return re.sub(r"^(\d{1,9})([.)])", r"\1\\\2", md)
+
+
 def _cell(text: Any) -> str:
-    return _md(text).replace("|", "\\|")
+    return _md(text, table=True)
 
 
-def _code(text: Any) -> str:
+def _code(text: Any, *, table: bool = False) -> str:
     """An inline code span that survives any backticks inside."""
-    text = render._escape_controls(str(text))
+    text = render.safe_text(text)
+    if table:
+        text = text.replace("|", "\\|")
     ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"
@@ -65,7 +100,10 @@ def _fence(text: str, info: str = "") -> List[str]:
 
 
 def _lines(text: Any) -> List[str]:
-    return [_md(line) for line in str(text or "").splitlines()] or [""]
+    """A multi-line string: the first line inline, each further one safe at a line's start."""
+    # NOTE: rstrip: two trailing spaces would make a hard line break
+    lines = [_md(line.rstrip(" ")) for line in str(text or "").splitlines() if line.strip()] or [""]
+    return lines[:1] + [_line_start(line) for line in lines[1:]]
 
 
 def _fold(names: Sequence[str]) -> str:
@@ -102,7 +140,7 @@ def _header(run, version: str) -> List[str]:
     where = "built-in" if book.source == "built-in" else _md(book.path)
     return [
         f"# Runbook {_code(book.name)}", "",
-        _md(book.description), "",
+        _line_start(_md(book.description)), "",
         f"- **Targets:** {_md(_fold(run.targets)) or 'none'} ({len(run.targets)})",
         f"- **Parameters:** {params}",
         f"- **Started:** {run.started.strftime('%Y-%m-%d %H:%M:%S UTC')}, took "
@@ -202,7 +240,7 @@ def _drift(results: Sequence[Result]) -> List[str]:
     ran = [r for r in results if r.status != "error"]
     if len(ran) < 2:
         return []
-    rows = format_drift(drift([(r.target, r.data) for r in ran]))
+    rows = format_drift(drift([(r.target, render.data_of(r)) for r in ran]))
     lines = ["", f"Drift across {len(ran)} targets:" if rows else
              f"No drift across {len(ran)} targets: every field agrees."]
     return lines + [f"- {_md(row)}" for row in rows]
@@ -232,10 +270,19 @@ def _appendix(run) -> List[str]:
     lines = ["## Raw results", "", "<details>",
              f"<summary>{len(results)} result documents (JSON)</summary>"]
     for sr, r in results:
-        doc = json.dumps(render._strict_json(r.to_dict()), indent=2, allow_nan=False,
-                         default=str, ensure_ascii=False)
+        doc = _json_text(r.to_dict())
         lines += ["", f"#### {_md(_step_label(sr))} · {_md(r.target)}", ""] + _fence(doc, "json")
     return lines + ["", "</details>"]
+
+
+def _json_text(doc: Any) -> str:
+    """Readable JSON (non-ASCII kept) for a fenced block; the characters the terminal layer
+    escapes (bidi controls, C1, DEL, lone surrogates) as \\u escapes, which JSON reads back."""
+    text = json.dumps(render.strict_json(doc), indent=2, allow_nan=False, default=str,
+                      ensure_ascii=False)
+    # NOTE: json.dumps has escaped every control inside a string; the newlines left are its own
+    return render.UNSAFE.sub(lambda m: m.group(0) if m.group(0) == "\n" else
+                             f"\\u{ord(m.group(0)):04x}", text)
 
 
 def _shown_params(run) -> Dict[str, str]:
@@ -252,7 +299,7 @@ def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True)
         "`--format json` prints them, and a pipe or a redirect gets the whole report."]
     sections = [_header(run, version), _summary(run), _findings(run), _skipped(run),
                 _steps(run), tail]
-    render._emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
+    render.emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
 
 
 # --------------------------------------------------------------------------- JSON
@@ -277,7 +324,7 @@ def report_dict(run, *, version: str) -> Dict[str, Any]:
 
 
 def render_json(run, stream: TextIO, *, version: str) -> None:
-    json.dump(render._strict_json(report_dict(run, version=version)), stream, indent=2,
+    json.dump(render.strict_json(report_dict(run, version=version)), stream, indent=2,
               allow_nan=False, default=str)
     stream.write("\n")
 
@@ -289,12 +336,14 @@ def render_list(books: Sequence[Any], stream: TextIO) -> None:
     if not books:
         stream.write("no runbooks\n")
         return
-    rows = [("NAME", "SOURCE", "DESCRIPTION")] + [(b.name, b.source, b.description) for b in books]
+    safe = render.safe_text   # a team's runbook directory may be shared: its text is inert too
+    rows = [("NAME", "SOURCE", "DESCRIPTION")] + [(safe(b.name), safe(b.source), safe(b.description))
+                                                  for b in books]
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     indent = " " * (widths[0] + widths[1] + 4)
     for i, row in enumerate(rows):
         stream.write(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip()
                      + "\n")
         for p in (books[i - 1].params if i else ()):
-            default = f" (default: {p.default})" if p.default is not None else ""
-            stream.write(f"{indent}--param {p.name}=...  {p.description}{default}\n")
+            default = f" (default: {safe(p.default)})" if p.default is not None else ""
+            stream.write(f"{indent}--param {safe(p.name)}=...  {safe(p.description)}{default}\n")

@@ -20,7 +20,6 @@ Semantics (README "Runbooks" says the same for users):
 """
 
 import json
-import os
 import re
 import sys
 import time
@@ -30,12 +29,13 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
 from invoke import Exit
 
-from . import __version__, cli, jobs, report, runbook, runner, topology
+from . import __version__, cli, jobs, render, report, runbook, runner, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError
 from .hops.ssh import SshPool
 from .results import Result, exit_code, worst_status
 from .runbook import Runbook, Step
+from .savedir import SaveDir, result_file_name
 from .topology import Target
 
 DROP_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter", "upload")
@@ -229,8 +229,41 @@ def _dirs(hosts_file: Optional[str], runbooks_dirs: Sequence[str]):
     return runbook.search_dirs(topology.load(hosts_file).runbook_dirs, runbooks_dirs or ())
 
 
-def _step_dir(save: str, sr: StepRun) -> str:
-    return os.path.join(save, "steps", f"{sr.number:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', sr.step.id)}")
+def _step_dir_name(number: int, step: Step) -> str:
+    return f"{number:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', step.id)}"
+
+
+class _SavedRun:
+    """``--save DIR`` of a runbook: report.md, report.json and steps/NN-STEP/ (each step's
+    results and summary.json), all through savedir.SaveDir. Opened and checked before any
+    connection; a step's directory is made when its first result arrives."""
+
+    def __init__(self, path: str, book: Runbook, targets: Sequence[Target]):
+        self.top = SaveDir.open(path)
+        self.steps: Optional[SaveDir] = None
+        self._dirs: Dict[int, SaveDir] = {}
+        try:
+            self.top.check_files(["report.md", "report.json"])
+            self.steps = self.top.subdir("steps")
+            names = [result_file_name(t.name) for t in targets] + ["summary.json"]
+            for number, step in enumerate(book.steps, 1):   # one left from an earlier run
+                name = _step_dir_name(number, step)
+                if self.steps.exists(name):
+                    self._dirs[number] = self.steps.subdir(name)
+                    self._dirs[number].check_files(names)
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self, sr: StepRun) -> SaveDir:
+        if sr.number not in self._dirs:
+            self._dirs[sr.number] = self.steps.subdir(_step_dir_name(sr.number, sr.step))
+        return self._dirs[sr.number]
+
+    def close(self) -> None:
+        for d in list(self._dirs.values()) + [self.steps, self.top]:
+            if d is not None:
+                d.close()
 
 
 def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
@@ -253,6 +286,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
         given = _parse_params(params)
         book.param_values(given)
         targets = cli.select_targets(opts)
+        save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
 
@@ -260,13 +294,13 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
 
     def on_step(sr: StepRun, eligible: List[Target]) -> None:
         if live:
-            sys.stderr.write(f"\r\033[Kstep {sr.number}/{len(book.steps)} {sr.step.id}: "
-                             f"{len(eligible)} target(s)")
+            sys.stderr.write(f"\r\033[Kstep {sr.number}/{len(book.steps)} "
+                             f"{render.safe_text(sr.step.id)}: {len(eligible)} target(s)")
             sys.stderr.flush()
 
     def on_result(sr: StepRun, result: Result) -> None:
-        if opts.save:
-            cli.save_result(_step_dir(opts.save, sr), result)
+        if save is not None:
+            cli.save_result(save.step(sr), result)
 
     try:
         record = run(book, targets, given, parallel=parallel or runner.DEFAULT_PARALLEL,
@@ -277,14 +311,15 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     finally:
         if live:
             sys.stderr.write("\r\033[K")
-    if opts.save:
+    if save is not None:
         for sr in record.steps:
             if sr.results:
-                cli.save_summary(_step_dir(opts.save, sr), sr.results)
-        with open(os.path.join(opts.save, "report.md"), "w") as f:
-            report.render_markdown(record, f, version=__version__)
-        with open(os.path.join(opts.save, "report.json"), "w") as f:
-            report.render_json(record, f, version=__version__)
+                cli.save_summary(save.step(sr), sr.results)
+        save.top.write_text("report.md", lambda f: report.render_markdown(
+            record, f, version=__version__))
+        save.top.write_text("report.json", lambda f: report.render_json(
+            record, f, version=__version__))
+        save.close()
     if fmt == "json":
         report.render_json(record, out, version=__version__)
     else:

@@ -109,7 +109,7 @@ def env_report(c, full=False, imports=None, packages=None, host=None, group=None
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     opts.diff = opts.diff or not full
     cli.execute(opts, jobs.job_source("env-report", dict(imports=imports, packages=packages)),
-                after_table=None if opts.diff else cli.render_full)
+                after_table=None if opts.diff else render.render_full)
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("extract-smoke")))

@@ -317,3 +317,167 @@ def test_gpu_rows_table_literal():
         "b200    0    NVIDIA H200     0.0/140 GiB   0%    -     78/700 W  -\n"
         "b200    3    NVIDIA H200     71.0/140 GiB  97%   28 C  78/700 W  sw_power_cap\n"
         "odd     1    error: bad row\n")
+
+
+# --------------------------------------------------------------------------- hostile targets
+# Issue 10 items 8 and 9: one escaping layer (render.safe_text) under every view, and views that
+# take any JSON a target sends. Each view is fed strings that would drive a terminal and data
+# of every shape; its output may hold no unsafe character but its own newlines, and no view
+# may raise.
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from diagnostics import render  # noqa: E402
+
+HOSTILE = [
+    "\x1b]0;owned\x07\x1b[2J",           # set the title, clear the screen (a METADATA Version:)
+    "1.0\x1b[31m\x9b2J\x85",             # CSI as C1, NEL
+    "evil\u202egnp.exe\u2066x\u2069",    # bidi override and isolate (Trojan Source)
+    "a\rb\nc\td\x00e\x7f\u2028f\udcff",  # CR, LF, tab, NUL, DEL, line separator, lone surrogate
+]
+
+
+def unsafe_in(text):
+    return [ch for ch in text if render.UNSAFE.match(ch) and ch != "\n"]
+
+
+def test_safe_text_escapes_each_unsafe_character_visibly_and_is_idempotent():
+    assert render.safe_text(HOSTILE[0]) == "\\x1b]0;owned\\x07\\x1b[2J"
+    assert render.safe_text(HOSTILE[2]) == "evil\\u202egnp.exe\\u2066x\\u2069"
+    assert render.safe_text(HOSTILE[3]) == "a\\rb\\nc\\td\\x00e\\x7f\\u2028f\\udcff"
+    assert render.safe_text(None) == "" and render.safe_text(3.5) == "3.5"
+    assert render.safe_text("torch 2.13.0 · ÿ é 中") == "torch 2.13.0 · ÿ é 中"
+    for s in HOSTILE:
+        assert render.safe_text(render.safe_text(s)) == render.safe_text(s)
+
+
+def hostile_results(s):
+    gpu = {"index": s, "name": s, "memory_used_mib": s, "memory_total_mib": 1024, "error": None,
+           "utilization_gpu_pct": s, "temperature_c": [s], "power_draw_w": s, "power_limit_w": {"w": s},
+           "clocks_event_reasons": {"names": [s, 7, None]}}
+    return [
+        Result("gpu-status", "a" + s, "warn", s, findings=[Finding("warn", s, s, hint=s)],
+               data={"gpus": [gpu, {"index": 1, "error": s}], "packages": {s: s}, "v": s}),
+        Result("gpu-status", "b", "ok", "fine", data={"gpus": [], "packages": {s: "1"}, "v": "2"}),
+        Result("gpu-status", "c" + s, "error", s,
+               error=ErrorInfo(s, s, s, traceback=s, stderr=s)),
+    ]
+
+
+def every_view(results):
+    """What each view writes, by name: the table (with the per-GPU rows after it), drift, the
+    full view, hosts, and the runbook report on a terminal."""
+    from diagnostics import report
+    from diagnostics.runbook_run import RunbookRun, StepRun
+    from tests.unit.test_runbook_report import BOOK
+    views = {}
+    for name, write in {
+        "table+gpus": lambda out: render_table(results, out, details=render.render_gpus),
+        "diff": lambda out: render.render_diff(results, out),
+        "full": lambda out: render.render_full(results, out),
+        "hosts": lambda out: render_hosts([(r.target, r.summary) for r in results], out),
+        "report": lambda out: report.render_markdown(RunbookRun(
+            BOOK, [r.target for r in results], {}, __import__("datetime").datetime(2025, 1, 1),
+            steps=[StepRun(1, BOOK.steps[0], results=list(results)),
+                   StepRun(2, BOOK.steps[1], results=list(results))]), out, version="0",
+            appendix=False),
+    }.items():
+        out = io.StringIO()
+        write(out)
+        views[name] = out.getvalue()
+    return views
+
+
+def test_no_view_lets_a_control_character_through():
+    for s in HOSTILE:
+        views = every_view(hostile_results(s))
+        for name, text in views.items():
+            assert unsafe_in(text) == [], (name, s, text)
+        assert "\\x1b]0;owned\\x07" in views["table+gpus"] or s != HOSTILE[0]
+
+
+def test_the_gpu_rows_show_a_hostile_name_escaped():
+    out = io.StringIO()
+    render.render_gpus([Result("gpu-status", "n1", "ok", "s", data={"gpus": [
+        {"index": 0, "name": "H200\x1b]0;x\x07\x1b[2J", "memory_used_mib": "lots",
+         "memory_total_mib": 143771, "power_draw_w": "12", "clocks_event_reasons": ["x"]}]})], out)
+    assert out.getvalue() == (
+        "\n"
+        "TARGET  GPU  NAME                     MEMORY           UTIL  TEMP  POWER   CLOCK EVENTS\n"
+        "n1      0    H200\\x1b]0;x\\x07\\x1b[2J  lots/143771 MiB  -     -     12/- W  -\n")
+
+
+def test_drift_and_full_views_escape_keys_and_values():
+    results = [Result("env-report", "a", "ok", "s", data={"packages": {"torch": "2.1\x1b[2J"}}),
+               Result("env-report", "b", "ok", "s", data={"packages": {"torch": "2.2"}})]
+    out = io.StringIO()
+    render.render_diff(results, out)
+    assert out.getvalue() == "\ndrift across 2 targets:\n  torch: 2.1\\x1b[2J on a, 2.2 on b\n"
+    out = io.StringIO()
+    render.render_full(results[:1] + [Result("env-report", "c\u202e", "ok", "s", data=["x\x07"])], out)
+    assert out.getvalue() == "\na:\n  packages.torch: 2.1\\x1b[2J\n\nc\\u202e:\n  data: ['x\\x07']\n"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                 max_size=3),
+                    max_leaves=12)
+GPU_KEYS = ("index", "name", "memory_used_mib", "memory_total_mib", "utilization_gpu_pct",
+            "temperature_c", "power_draw_w", "power_limit_w", "clocks_event_reasons", "error")
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=JSON | st.dictionaries(st.sampled_from(("gpus", "packages", "v")), JSON, max_size=3),
+       gpus=st.lists(JSON | st.fixed_dictionaries({}, optional={k: JSON for k in GPU_KEYS}), max_size=3))
+def test_views_take_any_json_a_target_sends(data, gpus):
+    """Item 9: a non-numeric gpu-status field (or data of any shape) never crashes a view."""
+    results = [Result("gpu-status", "a", "ok", "s", data=data),
+               Result("gpu-status", "b", "warn", "s", data={"gpus": gpus, "packages": data}),
+               Result("gpu-status", "c", "ok", "s", data={"gpus": [data]})]
+    for name, text in every_view(results).items():
+        assert unsafe_in(text) == [], name
+
+
+# --------------------------------------------------------------------------- through `mldiag`
+
+def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
+    """The issue's reproductions through the real program, on local targets: a package whose
+    METADATA ``Version:`` sets the title and clears the screen (env-report's drift and full
+    views), and a gpu-status answer whose GPU name holds escapes and whose memory is a string
+    (an interpreter wrapper rewrites the result document on its way out)."""
+    import subprocess
+    import sys
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    dist = tmp_path / "site" / "evilpkg-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evilpkg\n"
+                                   "Version: 1.0\x1b]0;owned\x07\x1b[2J\u202e\n")
+    wrapper = tmp_path / "python-rewriting"
+    wrapper.write_text("#!/bin/sh\n" + sys.executable + ' "$@" | sed '
+                       r"""'s/"memory_used_mib": [0-9.]*/"memory_used_mib": "lots"/g; """
+                       r"""s/"name": "NVIDIA H200"/"name": "H200\\u001b]0;x\\u0007\\u009b2J"/g'""" + "\n")
+    wrapper.chmod(0o755)
+    (tmp_path / "hosts.yaml").write_text(
+        f"hosts:\n  evil: {{local: true, env: {{PYTHONPATH: {tmp_path / 'site'}}}}}\n"
+        "  twin: {local: true}\n"
+        f"  gpus: {{local: true, python: {wrapper}, env: {{PATH: \"{repo / 'tests' / 'fakes'}:/usr/bin:/bin\", "
+        "MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}}\n")
+
+    def mldiag(*argv):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "MLDIAG_HOSTS_FILE"}
+        env["PYTHONPATH"] = str(repo)
+        return subprocess.run([sys.executable, "-c", "from diagnostics.program import main; main()",
+                               *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    drift = mldiag("env-report", "-H", "evil,twin", "--packages", "evilpkg")
+    full = mldiag("env-report", "-H", "evil", "--full", "--packages", "evilpkg")
+    gpus = mldiag("gpu-status", "-H", "gpus")
+    for r in (drift, full, gpus):
+        assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+        assert unsafe_in(r.stdout + r.stderr) == [], r.stdout
+    assert "  evilpkg: 1.0\\x1b]0;owned\\x07\\x1b[2J\\u202e on evil, none on twin\n" in drift.stdout
+    assert "  packages.evilpkg: 1.0\\x1b]0;owned\\x07\\x1b[2J\\u202e\n" in full.stdout
+    assert gpus.returncode == 0, gpus.stdout + gpus.stderr
+    rows = [line for line in gpus.stdout.split("\n\n")[1].splitlines() if line.startswith("gpus ")]
+    assert len(rows) == 8 and rows[0].split()[:4] == ["gpus", "0", "H200\\x1b]0;x\\x07\\x9b2J",
+                                                      "lots/143771"], rows

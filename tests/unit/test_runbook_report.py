@@ -395,14 +395,21 @@ def test_json_report_holds_every_step_result_and_skip():
 
 
 def test_markdown_escaping():
-    assert report._md("a*b <x> [l](u) __init__ hw_thermal_slowdown") == \
-        "a\\*b \\<x> [l]\\(u) \\_\\_init\\_\\_ hw_thermal_slowdown"
+    assert report._md("a*b <x> [l](u) __init__ hw_thermal_slowdown ~~s~~ $x$ &amp; #1 a|b") == \
+        "a\\*b \\<x> \\[l\\](u) \\_\\_init\\_\\_ hw_thermal_slowdown \\~\\~s\\~\\~ \\$x\\$ " \
+        "\\&amp; \\#1 a\\|b"
     # the diagnostics' own code spans stay code (their insides untouched); a lone backtick is text
     assert report._md("run `nvidia-smi -q` or `a*b` and ``x`y`` `") == \
         "run `nvidia-smi -q` or `a*b` and ``x`y`` \\`"
-    assert report._cell("a|b") == "a\\|b"
+    # a word a linkifier would link is code; the rest of the string is escaped text
+    assert report._md("see https://x.io/a, mail root@h.io or www.x.io `k`") == \
+        "see `https://x.io/a,` mail `root@h.io` or `www.x.io` \\`k\\`"
+    assert report._md("line\n# heading\x1b[2J") == "line\\\\n\\# heading\\\\x1b\\[2J"
+    assert report._cell("a|b `c|d`") == "a\\|b `c\\|d`"
     assert report._code("x`y") == "``x`y``" and report._code("`x") == "`` `x ``"
     assert report._fence("a\n```\nb") == ["````", "a\n```\nb", "````"]
+    assert [report._line_start(report._md(t)) for t in ("# h", "  - x", "1. x", "12) x", "=", "`c`")] \
+        == ["\\# h", "\\- x", "1\\. x", "12\\) x", "\\=", "`c`"]
 
 
 def test_list_view():
@@ -427,3 +434,148 @@ def test_parameters_with_secret_names_are_masked_in_both_reports():
         "log": "/var/log/train.log", "hf_token": "<redacted>",
         "url": "https://bob:<redacted>@hub.example.org/m"}
     assert "abcdefghij" not in md.getvalue() + js.getvalue() and "pa55w0rd" not in md.getvalue() + js.getvalue()
+
+
+# --------------------------------------------------------------------------- hostile targets
+# Issue 10 item 5: every string a target sends reaches report.md inline and inert. Two real
+# parsers read the report: markdown-it-py (CommonMark, with GFM tables, strikethrough and a
+# linkifier) and cmark-gfm (GitHub's own renderer, with its autolink and tagfilter extensions).
+# A report whose remote strings are all hostile must hold exactly the structure (blocks, links,
+# images, headings, HTML, emphasis) of the same report with a harmless "x" in their place: the
+# remote text may add text, code spans and soft line breaks, nothing else.
+
+import html.parser  # noqa: E402
+
+import pytest  # noqa: E402
+from collections import Counter  # noqa: E402
+
+import cmarkgfm  # noqa: E402
+from cmarkgfm.cmark import Options  # noqa: E402
+from hypothesis import example, given, settings, strategies as st  # noqa: E402
+from markdown_it import MarkdownIt  # noqa: E402
+
+from diagnostics import render  # noqa: E402
+
+MARKDOWN_IT = MarkdownIt("commonmark", {"linkify": True}).enable(["table", "strikethrough", "linkify"])
+MARKDOWN_IT.linkify.set({"fuzzy_link": False})   # as GFM: scheme://, www. and e-mail, not bare x.com
+REMOTE_ONLY_TOKENS = {"text", "code_inline", "softbreak", "text_special"}
+
+HOSTILE_MARKDOWN = [
+    "ok\n[x]: https://evil.example/a.png\n![img][x] [click][x]",     # the issue's own case
+    "fine\n# Heading\n## more\nsetext\n===",
+    "<img src=x onerror=alert(1)> <script>alert(1)</script> <!-- c --> <details>",
+    "a\n\n<div>\n\nblock html</div>",
+    "https://evil.example www.evil.example root@evil.example <https://evil.example> //evil.example",
+    "xmpp:a@evil.example mailto:a@b.example HTTPS://EVIL.EXAMPLE ftp://e.example",
+    "[a](https://evil.example) ![b](https://evil.example/i.png) [c]: /u \"t\"",
+    "| a | b |\n|---|---|\n| c | d |",
+    "x\n- item\n+ item\n* item\n1. one\n2) two\n> quote\n    code\n```\nfence\n```\n~~~\nt\n~~~",
+    "***bold*** __u__ ~~del~~ $math$ $$m$$ \\* \\\\ &amp; &#x3C;a&#62; &copy;",
+    "` `` ``` a `b` ``c`` `https://evil.example` [x]`y`",
+    "line  \nhard break\\\nafter  ",
+    "\x1b]0;t\x07\x1b[2J \u202eevil\u202c \x85 \udcff \x00 \r\n---\n***\n___",
+    "[^1]\n\n[^1]: note",
+    "- [ ] task\n- [x] done",
+]
+
+FRAGMENTS = ["#", "*", "_", "[", "]", "(", ")", "!", "<", ">", "`", "~", "|", "$", "&", ":", "/",
+             ".", "@", "-", "+", "=", "\\", " ", "  ", "\n", "\n\n", "\t", "1", "a", "Z", "é",
+             "https://", "http://", "www.", "e.com", "a@b.co", "[x]: ", "![", "](", "<a>", "&amp;",
+             "&#91;", "\n# ", "\n- ", "\n1. ", "\n> ", "\n```", "\n---\n", "|-|", "\x1b[2J", "\u202e"]
+HOSTILE_STRINGS = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), max_size=24).map("".join)
+
+
+def report_with(s):
+    """fixed_run() with every string that came from a target replaced by ``s``."""
+    run = fixed_run()
+    for sr in run.steps:
+        for r in sr.results:
+            r.summary = s
+            r.findings = [Finding(f.level, s, s, s) for f in r.findings] or [Finding("info", s, s)]
+            if r.error is not None:
+                r.error = ErrorInfo(r.error.layer, s, s, traceback=s, stderr=s)
+            if r.diagnostic == "gpu-status" and r.data.get("gpus"):
+                r.data = {"gpus": [dict(gpu(1, 50, [s]), name=s)]}
+            if r.diagnostic == "env-report":
+                r.data = {"packages": {"torch": s + r.target}}
+    out = io.StringIO()
+    report.render_markdown(run, out, version="0.1.0")
+    return out.getvalue()
+
+
+def markdown_it_structure(text):
+    counts = Counter()
+
+    def walk(tokens):
+        for t in tokens:
+            if t.type not in REMOTE_ONLY_TOKENS:
+                counts[(t.type, t.tag, t.markup if t.type != "fence" else "")] += 1
+            walk(t.children or [])
+    walk(MARKDOWN_IT.parse(text))
+    return counts
+
+
+class _Tags(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = Counter()
+
+    def handle_starttag(self, tag, attrs):
+        if tag != "code":
+            self.tags[tag] += 1
+
+    def handle_comment(self, data):
+        self.tags["<!--"] += 1
+
+
+def gfm_tags(text):
+    parser = _Tags()
+    parser.feed(cmarkgfm.github_flavored_markdown_to_html(text, options=Options.CMARK_OPT_UNSAFE))
+    return parser.tags
+
+
+BASELINE = report_with("x")
+
+
+def assert_inert(hostile):
+    text = report_with(hostile)
+    assert markdown_it_structure(text) == markdown_it_structure(BASELINE), hostile
+    assert gfm_tags(text) == gfm_tags(BASELINE), hostile
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_MARKDOWN)
+def test_hostile_markdown_from_a_target_adds_nothing_but_text_to_the_report(hostile):
+    assert_inert(hostile)
+
+
+# (a string with no visible character leaves out what it would fill: an empty hint has no line)
+@settings(max_examples=150, deadline=None)
+@given(HOSTILE_STRINGS.filter(str.strip))
+def test_generated_hostile_strings_add_nothing_but_text_to_the_report(s):
+    assert_inert(s)
+
+
+def rendered_text(markdown):
+    """The text a reader sees in a paragraph (markdown-it), code spans' insides included."""
+    (inline,) = [t for t in MARKDOWN_IT.parse(markdown) if t.type == "inline"]
+    return "".join(c.content for c in inline.children if c.type in ("text", "code_inline",
+                                                                     "text_special"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(HOSTILE_STRINGS)
+@example("a ``x`y`` b `nvidia-smi -q` c")
+def test_a_remote_string_reads_in_the_report_as_it_does_in_a_terminal(s):
+    """Escaped, not mangled: what renders is the terminal's escaped text (backticks aside: a code
+    span's own are not shown), as a paragraph, in a table cell and on a continuation line."""
+    def bare(text):   # what a reader compares: no backticks, no whitespace
+        return "".join(text.replace("`", "").split())
+    want = bare(render.safe_text(s))
+    for markdown in ("A " + report._md(s) + " Z", "A\n" + report._line_start(report._md(s)) + " Z"):
+        assert bare(rendered_text(markdown)) == "A" + want + "Z", markdown
+    table = "| h |\n|---|\n| " + report._cell(s) + " |\n"
+    cells = [t for t in MARKDOWN_IT.parse(table) if t.type == "inline"]
+    assert len(cells) == 2, table
+    # (GFM drops the backslash of a code span's \\| in a table; markdown-it shows it)
+    assert bare("".join(c.content.replace("\\|", "|") if c.type == "code_inline" else c.content
+                        for c in cells[1].children)) == want
