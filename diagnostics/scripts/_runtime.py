@@ -7,12 +7,19 @@ shell.  Wire format after the bootstrap, each part preceded by its byte length a
 extra files.  The channel's stdin then stays open: when it closes (the client went away or the
 user pressed Ctrl-C), every process of the diagnostic is killed.
 
-What it guarantees (DESIGN.md §3 invariants 3 and 5):
-- a private temp directory (0700, files 0600), removed in every outcome unless ``keep``;
+What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
+- a private temp directory (0700, files 0600), removed in every outcome unless ``keep``, written
+  and removed through directory fds opened with O_NOFOLLOW, never by path; a parent directory
+  that another user could change (writable by others without the sticky bit, or owned by
+  someone else) is refused as an ``upload`` error;
+- nothing secret stays on the target: ``env:`` values never reach a file, and the header and the
+  result file are gone before the dir is kept (``--keep-remote``) or removed;
 - the diagnostic runs as a child in its own process group; this process is its subreaper
   (``PR_SET_CHILD_SUBREAPER``), so descendants that call ``setsid()`` still come back to us and
-  are killed when the diagnostic ends, times out, or the client goes away;
-- exactly one result frame on stdout, whatever the diagnostic printed, raised or did.
+  are killed — until the kernel says none is left, fork-hoppers too — when the diagnostic ends,
+  times out, or the client goes away;
+- exactly one result frame on stdout, whatever the diagnostic printed, raised or did; of what it
+  printed, a bounded head and tail are kept.
 
 Standard library only; Python 3.8+.  Runnable by hand for debugging::
 

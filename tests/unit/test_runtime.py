@@ -604,6 +604,26 @@ def test_fd_removal_meets_a_directory_swapped_for_another_directory(rt, tmp_path
     assert os.listdir(top) == ["victim"] and outside_intact(top / "victim")
 
 
+def test_fd_removal_does_not_enter_another_file_system_mounted_inside(rt, tmp_path):
+    """A diagnostic that mounted something in its temp dir and left it: never emptied (as
+    systemd-tmpfiles stops at mount points); the mount point is counted as not removed."""
+    import subprocess
+    top = tmp_path / "tree"
+    (top / "mnt").mkdir(parents=True)
+    (top / "plain.txt").write_text("x")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(top / "mnt")], check=True)
+    try:
+        (top / "mnt" / "on-the-mount.txt").write_text("keep")
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert rt.remove_contents(fd) == 1
+        finally:
+            os.close(fd)
+        assert os.listdir(top) == ["mnt"] and (top / "mnt" / "on-the-mount.txt").read_text() == "keep"
+    finally:
+        subprocess.run(["umount", "-l", str(top / "mnt")], check=False)
+
+
 def test_private_dir_swapped_for_a_symlink_whole_is_emptied_where_it_went(rt, tmp_path, outside):
     """The private dir itself renamed and replaced by a symlink (what a user who can write the
     parent would do): its files are removed through the fd held since creation, the symlink and
