@@ -600,6 +600,8 @@ def run_child(header, tmpdir, dir_fd=None):
     diagnostic does to its directory, the result cannot be written elsewhere."""
     if dir_fd is None:
         dir_fd = os.open(tmpdir, os.O_RDONLY | os.O_DIRECTORY)
+    st = os.fstat(dir_fd)
+    ident = (st.st_dev, st.st_ino)
     records = []
     outcome = {"exit_code": 0, "doc": None, "exception": None, "log": records}
     script = os.path.join(tmpdir, header["script"])
@@ -644,12 +646,23 @@ def run_child(header, tmpdir, dir_fd=None):
         outcome["doc"] = None
         outcome["exception"] = describe_exception(exc)
         data = json.dumps(outcome, default=repr)
+    dir_fd = _same_dir(dir_fd, ident) or _same_dir(os.open(tmpdir, os.O_RDONLY | os.O_DIRECTORY), ident)
     part = RESULT_FILE + ".part"
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     with os.fdopen(fd, "w") as f:
         f.write(data)
     os.rename(part, RESULT_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os._exit(0)
+
+
+def _same_dir(fd, ident):
+    """``fd`` if it still is the private dir (the diagnostic may have closed every fd, and the
+    number may now be another file's), else None."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return fd if (st.st_dev, st.st_ino) == ident else None
 
 
 # ----------------------------------------------------------------------------- parent side

@@ -820,3 +820,21 @@ def test_activate_child_gets_env_from_its_environment_not_a_file(tmp_path):
         assert sorted(os.listdir(r.data["remote_tmpdir"])) == [".mldiag-runtime.py", "demo.py"]
     finally:
         shutil.rmtree(r.data["remote_tmpdir"], ignore_errors=True)
+
+
+def test_a_diagnostic_that_closes_every_fd_still_reports_its_result(tmp_path):
+    """The result goes in through the private dir's fd; a diagnostic that closed every fd and
+    opened another directory under the same number still gets its result home, and nothing is
+    written into that other directory."""
+    other = tmp_path / "other"
+    other.mkdir()
+    r = run(f"""
+        import argparse, os
+        def build_parser(): return argparse.ArgumentParser()
+        def run(args):
+            os.closerange(3, 1024)
+            fds = [os.open("{other}", os.O_RDONLY | os.O_DIRECTORY) for _ in range(8)]
+            return {{"summary": "closed them all", "data": {{"fds": fds}}}}
+    """)
+    assert r.status == "ok" and r.summary == "closed them all", r.to_dict()
+    assert os.listdir(other) == []
