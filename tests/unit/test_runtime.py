@@ -838,3 +838,28 @@ def test_a_diagnostic_that_closes_every_fd_still_reports_its_result(tmp_path):
     """)
     assert r.status == "ok" and r.summary == "closed them all", r.to_dict()
     assert os.listdir(other) == []
+
+
+def test_kill_loop_gives_up_after_its_limit_and_the_result_names_what_is_left(rt, monkeypatch):
+    """A descendant SIGKILL cannot end (stuck in the kernel, state D; simulated here by a kill
+    that skips it): the loop stops after KILL_LIMIT_S instead of spinning forever, returns the
+    pid, and the result carries a warning that names it."""
+    import subprocess
+    stuck = subprocess.Popen(["sleep", "60"])
+    real_kill = os.kill
+    monkeypatch.setattr(rt.os, "kill", lambda pid, sig: None if pid == stuck.pid else real_kill(pid, sig))
+    monkeypatch.setattr(rt, "KILL_LIMIT_S", 0.3)
+    try:
+        killed, left = rt.kill_tree(stuck.pid, 0)
+    finally:
+        monkeypatch.undo()
+        stuck.kill()
+        stuck.wait()
+    assert left == [stuck.pid] and killed >= 1
+    run_ = {"ended": "exited", "status": 0, "outcome": {"doc": {"summary": "fine"}, "log": []},
+            "out": rt.BoundedCapture(100), "err": rt.BoundedCapture(100), "killed": killed, "left": left,
+            "timeout": 60}
+    result = rt.compose({"mode": "diagnostic"}, run_, time.time())
+    assert result["status"] == "ok" and result["summary"] == "fine"
+    assert [(e["level"], e["source"]) for e in result["log"]] == [("WARNING", "mldiag-runtime")]
+    assert f"pids {stuck.pid}" in result["log"][0]["message"] and "after 5 s of SIGKILL" in result["log"][0]["message"]
