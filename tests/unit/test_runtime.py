@@ -643,7 +643,8 @@ def test_private_dir_swapped_for_a_symlink_whole_is_emptied_where_it_went(rt, tm
     private = rt.PrivateDir.create(str(parent))
     assert oct(os.stat(private.path).st_mode & 0o777) == "0o700"
     private.write("demo.py", b"print(1)\n")
-    private.write("sub/dir/data.bin", b"\0" * 10)
+    os.makedirs(os.path.join(private.path, "sub", "dir"))     # what a diagnostic may leave
+    private.write("data.bin", b"\0" * 10)
     moved = tmp_path / "moved"
     os.rename(private.path, moved)
     os.symlink(outside, private.path)
@@ -659,16 +660,17 @@ def test_private_dir_files_are_0600_and_never_written_through_a_symlink(rt, tmp_
     parent.mkdir(mode=0o700)
     private = rt.PrivateDir.create(str(parent))
     try:
-        private.write("a/b.txt", b"data")
-        assert oct(os.stat(os.path.join(private.path, "a", "b.txt")).st_mode & 0o777) == "0o600"
-        assert oct(os.stat(os.path.join(private.path, "a")).st_mode & 0o777) == "0o700"
+        private.write("b.txt", b"data")
+        assert oct(os.stat(os.path.join(private.path, "b.txt")).st_mode & 0o777) == "0o600"
+        with pytest.raises(FileExistsError):
+            private.write("b.txt", b"again")
         os.symlink(outside / "precious.txt", os.path.join(private.path, "planted"))
-        os.symlink(outside, os.path.join(private.path, "planted-dir"))
+        os.symlink(outside / "new.txt", os.path.join(private.path, "dangling"))
         with pytest.raises(OSError):
             private.write("planted", b"overwritten")
         with pytest.raises(OSError):
-            private.write("planted-dir/new.txt", b"escaped")
-        for bad in ("/etc/x", "../x", "a/../../x", "", "a//b", "./x"):
+            private.write("dangling", b"created through the link")
+        for bad in ("/etc/x", "../x", "a/b", "", ".", "..", "planted-dir/new.txt"):
             with pytest.raises(ValueError):
                 private.write(bad, b"")
         assert outside_intact(outside)
@@ -863,3 +865,23 @@ def test_kill_loop_gives_up_after_its_limit_and_the_result_names_what_is_left(rt
     assert result["status"] == "ok" and result["summary"] == "fine"
     assert [(e["level"], e["source"]) for e in result["log"]] == [("WARNING", "mldiag-runtime")]
     assert f"pids {stuck.pid}" in result["log"][0]["message"] and "after 5 s of SIGKILL" in result["log"][0]["message"]
+
+
+@pytest.mark.parametrize("version", ["3.8", "3.11", "3.13"])
+def test_subreaper_is_set_through_the_small_ctypes_path_on_each_python(version):
+    """set_subreaper's prctl prototype (built on _ctypes, not the ctypes package) works and takes
+    effect on the oldest and newest interpreters: PR_GET_CHILD_SUBREAPER reads 1 afterwards, and
+    the ctypes package was never imported."""
+    from tests.pythons import require_python
+    import subprocess
+    exe = require_python(version)
+    code = ("import sys, runpy\n"
+            "rt = runpy.run_path(sys.argv[1], run_name='mldiag_runtime')\n"
+            "print(rt['set_subreaper'](), 'ctypes' in sys.modules)\n"
+            "import ctypes\n"
+            "v = ctypes.c_int()\n"
+            "ctypes.CDLL(None).prctl(37, ctypes.byref(v), 0, 0, 0)\n"
+            "print(v.value)\n")
+    out = subprocess.run([exe, "-c", code, os.path.join(SCRIPTS, "_runtime.py")], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["True", "False", "1"], out
