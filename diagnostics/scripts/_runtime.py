@@ -7,12 +7,19 @@ shell.  Wire format after the bootstrap, each part preceded by its byte length a
 extra files.  The channel's stdin then stays open: when it closes (the client went away or the
 user pressed Ctrl-C), every process of the diagnostic is killed.
 
-What it guarantees (DESIGN.md §3 invariants 3 and 5):
-- a private temp directory (0700, files 0600), removed in every outcome unless ``keep``;
+What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
+- a private temp directory (0700, files 0600), removed in every outcome unless ``keep``, written
+  and removed through directory fds opened with O_NOFOLLOW, never by path; a parent directory
+  that another user could change (writable by others without the sticky bit, or owned by
+  someone else) is refused as an ``upload`` error;
+- nothing secret stays on the target: ``env:`` values never reach a file, and the header and the
+  result file are gone before the dir is kept (``--keep-remote``) or removed;
 - the diagnostic runs as a child in its own process group; this process is its subreaper
   (``PR_SET_CHILD_SUBREAPER``), so descendants that call ``setsid()`` still come back to us and
-  are killed when the diagnostic ends, times out, or the client goes away;
-- exactly one result frame on stdout, whatever the diagnostic printed, raised or did.
+  are killed — until the kernel says none is left, fork-hoppers too — when the diagnostic ends,
+  times out, or the client goes away;
+- exactly one result frame on stdout, whatever the diagnostic printed, raised or did; of what it
+  printed, a bounded head and tail are kept.
 
 Standard library only; Python 3.8+.  Runnable by hand for debugging::
 
@@ -30,8 +37,10 @@ FRAME_BEGIN = "@@MLDIAG-RESULT-BEGIN %s@@"
 FRAME_END = "@@MLDIAG-RESULT-END %s@@"
 PR_SET_CHILD_SUBREAPER = 36
 TERM_GRACE_S = 1.0
-REAP_LIMIT_S = 5.0
+# How long the runtime keeps killing what is left below it before it gives up and says so.
+KILL_LIMIT_S = 5.0
 MAX_LOG_RECORDS = 200
+LOG_MESSAGE_LIMIT = 4096  # characters of one log record's message (head and tail kept)
 # Bounded capture of what the diagnostic prints: the head and the tail are kept.
 CAPTURE_LIMITS = {"diagnostic": 16 * 1024, "script": 256 * 1024}
 # `activate:` runs through sh with tokens from hosts.yaml only (validated, safe alphabet); the
@@ -84,6 +93,15 @@ class BoundedCapture(object):
         return out + bytes(self.tail).decode("utf-8", "replace")
 
 
+def head_and_tail(text, limit=LOG_MESSAGE_LIMIT):
+    """``text`` cut to about ``limit`` characters: the first half and the last half are kept (the
+    first error and the final state are both worth reading), with a note of what was cut."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 64) // 2   # room for the note: the whole stays within limit
+    return "%s\n[... %d characters not kept ...]\n%s" % (text[:half], len(text) - 2 * half, text[-half:])
+
+
 # ----------------------------------------------------------------------------- processes
 
 
@@ -92,20 +110,39 @@ def set_subreaper():
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return _prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except Exception:
         return False
 
 
-def descendants(root_pid):
-    """PIDs of every live descendant of ``root_pid``, read from /proc (Linux)."""
+def _prctl():
+    """libc's prctl through _ctypes, the C module under ctypes: importing the ctypes package
+    (struct, its endian and type classes) costs ~1.3 ms of CPU more on every target. A function
+    prototype is a CFuncPtr subclass, as ctypes' CFUNCTYPE builds it; ctypes where _ctypes
+    differs."""
+    try:
+        import _ctypes
+
+        class CInt(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class Prototype(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = CInt
+
+        return Prototype(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))
+    except Exception:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _process_table():
+    """{ppid: [(pid, pgrp), ...]} of every live (non-zombie) process, from one /proc scan."""
     children = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for name in names:
         if not name.isdigit():
             continue
@@ -114,17 +151,37 @@ def descendants(root_pid):
                 stat = f.read()
         except OSError:
             continue
-        # comm may contain spaces and parentheses: the ppid follows the last ')'.
+        # comm may contain spaces and parentheses: state, ppid, pgrp follow the last ')'.
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) < 2 or fields[0] == b"Z":
+        if len(fields) < 3 or fields[0] == b"Z":
             continue
-        children.setdefault(int(fields[1]), []).append(int(name))
+        children.setdefault(int(fields[1]), []).append((int(name), int(fields[2])))
+    return children
+
+
+def descendants(root_pid, groups=None):
+    """PIDs of every live descendant of ``root_pid``, read from /proc (Linux); the process group
+    of each is added to ``groups`` when given."""
+    children = _process_table()
     found, todo = [], [root_pid]
     while todo:
-        for pid in children.get(todo.pop(), ()):
+        for pid, pgrp in children.get(todo.pop(), ()):
             found.append(pid)
             todo.append(pid)
+            if groups is not None:
+                groups.add(pgrp)
     return found
+
+
+def direct_children(pid):
+    """This process's children (zombies too) from /proc/PID/task/PID/children: microseconds, where a
+    /proc scan takes milliseconds. Read for the main thread only, the one orphans are reparented to
+    (the runtime starts no threads). None where the kernel lacks the file (CONFIG_PROC_CHILDREN)."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid), "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return None
 
 
 def signal_all(pids, sig):
@@ -133,6 +190,19 @@ def signal_all(pids, sig):
             os.kill(pid, sig)
         except OSError:
             pass
+
+
+def kill_groups(groups, sig):
+    """Signal whole process groups: the kernel delivers to every member at once and a fork racing
+    with it is restarted, so a lineage that stays in one group cannot hop out. Never our own group
+    (a descendant may join it) nor init's."""
+    mine = os.getpgrp()
+    for group in groups:
+        if group > 1 and group != mine:
+            try:
+                os.killpg(group, sig)
+            except OSError:
+                pass
 
 
 def reap_children():
@@ -151,7 +221,9 @@ def reap_children():
 
 def no_children_left():
     """True when this process has no child at all (reaping any that ended): as the subreaper,
-    every live descendant is below one of our children, so there is nothing to kill."""
+    every live descendant is below one of our children, so there is nothing to kill. The kernel
+    answers this in one call (ECHILD), unlike a /proc scan, which a fast-forking process can slip
+    through between two reads."""
     try:
         while True:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -161,36 +233,270 @@ def no_children_left():
         return True
 
 
+def _sweep(me, victims, groups):
+    """One /proc scan of everything below us: freeze it (SIGSTOP: a stopped process cannot fork
+    while we signal the others), then SIGKILL each process and each of their process groups."""
+    found = descendants(me, groups)
+    victims.update(found)
+    signal_all(found, signal.SIGSTOP)
+    signal_all(found, signal.SIGKILL)
+    kill_groups(groups, signal.SIGKILL)
+    return found
+
+
 def kill_tree(child_pid, grace):
-    """Kill the diagnostic and every descendant (setsid ones included); returns how many."""
+    """Kill the diagnostic and every descendant (setsid ones and fork-hoppers included).
+
+    Returns (how many processes were signalled, pids still alive when we gave up). As the
+    subreaper we keep killing until the kernel says no child is left; each orphan lands on us as
+    a direct child, which we read and kill within microseconds, so a process that forks and exits
+    every half millisecond is caught. A process that SIGKILL cannot end (stuck in the kernel, state
+    D) is given up on after KILL_LIMIT_S and reported. Without the subreaper (prctl refused) orphans
+    leave our tree for init: we then stop when a scan after a kill finds nothing."""
     if SUBREAPER[0] and no_children_left():   # the common case: skip scanning /proc
-        return 0
+        return 0, []
     me = os.getpid()
-    victims = set(descendants(me))
     if not os.path.isdir("/proc"):  # no /proc: the process group is the best we have
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(child_pid, sig)
             except OSError:
                 pass
-        return 1
-    if grace > 0 and victims:
+        return 1, []
+    victims, groups = set(), set()
+    if grace > 0:
+        victims.update(descendants(me, groups))
         signal_all(victims, signal.SIGTERM)
         end = time.time() + grace
         while time.time() < end and descendants(me):
             reap_children()
             time.sleep(0.02)
-    end = time.time() + REAP_LIMIT_S
-    while True:
-        alive = descendants(me)
-        victims.update(alive)
-        if not alive or time.time() > end:
-            break
-        signal_all(alive, signal.SIGKILL)
-        time.sleep(0.01)
+    end = time.time() + KILL_LIMIT_S
+    found = _sweep(me, victims, groups)
+    pause = 0.0
+    while time.time() < end:
         reap_children()
+        if not SUBREAPER[0]:
+            if not found:      # a scan after the kill found none
+                break
+            time.sleep(0.005)
+            found = _sweep(me, victims, groups)
+            continue
+        if no_children_left():
+            break
+        kids = direct_children(me)
+        if kids is None:       # no children file: scan all of /proc instead
+            kids = _sweep(me, victims, groups)
+        fresh = [k for k in kids if k not in victims]
+        if fresh:              # an orphan just reparented to us: kill it now, before it forks
+            victims.update(fresh)
+            signal_all(fresh, signal.SIGKILL)
+            pause = 0.0
+        else:                  # only dying processes (or zombies being reaped): let them go
+            if pause >= 0.02:  # ...and now and then look below them for ones we never saw
+                _sweep(me, victims, groups)
+            time.sleep(pause)
+            pause = min(0.05, pause * 2 or 0.0005)
+            signal_all(kids, signal.SIGKILL)
     reap_children()
-    return len(victims)
+    left = descendants(me) if not no_children_left() else []
+    return len(victims), left
+
+
+# ----------------------------------------------------------------------------- private temp dir
+
+# Directories are opened with these flags: never through a symlink, never inherited by an exec.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+STICKY = 0o1000
+
+
+class UnsafeTempParent(Exception):
+    """The directory the private temp dir would go in can be changed by someone else."""
+
+
+def check_temp_parent(fd, path):
+    """Refuse a parent in which another user could rename our private dir and put a symlink in
+    its place: one that others can write without the sticky bit, or one owned by someone who is
+    neither root nor us (a directory's owner may rename anything in it, sticky bit or not). The
+    checks are on the directory actually opened (fstat of ``fd``), so nothing can change between
+    check and use; a symlink leading to it is followed, as mkdtemp and OpenSSH's StrictModes
+    (which checks the resolved path) do: /tmp is a symlink on some systems."""
+    st = os.fstat(fd)
+    mode = st.st_mode & 0o7777
+    if mode & 0o022 and not mode & STICKY:
+        who = "every user" if mode & 0o002 else "group %d" % st.st_gid
+        raise UnsafeTempParent(
+            "refusing temp dir parent %s: it is writable by %s without the sticky bit (mode %04o), "
+            "so another user could swap our private dir for a symlink; use a directory only this "
+            "user can write, or one with the sticky bit like /tmp (mode 1777), as tmpdir: in "
+            "hosts.yaml" % (path, who, mode))
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafeTempParent(
+            "refusing temp dir parent %s: it is owned by uid %d, neither root nor this user (uid "
+            "%d), and its owner could swap our private dir for a symlink; set tmpdir: in "
+            "hosts.yaml to a directory of this user's or root's" % (path, st.st_uid, os.geteuid()))
+
+
+class PrivateDir(object):
+    """The diagnostic's private temp dir (0700), held open from its creation: files go in and the
+    tree comes out through directory fds opened with O_NOFOLLOW, never by path (as coreutils' rm
+    and systemd-tmpfiles do), so a symlink swapped in for the dir or anything in it cannot
+    redirect a write or a removal. ``path`` is only for the child (MLDIAG_TMPDIR, its cwd) and
+    for messages."""
+
+    def __init__(self, path, fd, parent_fd, name):
+        self.path, self.fd, self.parent_fd, self.name = path, fd, parent_fd, name
+        st = os.fstat(fd)
+        self.ident = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def create(cls, parent=None):
+        """mkdtemp without the tempfile module (its import costs every target): 0700, random name,
+        in ``parent`` (hosts.yaml tmpdir:) or the first of $TMPDIR, /tmp, /var/tmp, the cwd that
+        we can write in. A parent that is not safe is refused (UnsafeTempParent), not skipped."""
+        roots = [parent] if parent else [os.environ.get("TMPDIR"), "/tmp", "/var/tmp", os.getcwd()]
+        error = None
+        for root in [r for r in roots if r]:
+            try:
+                parent_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                error = exc
+                continue
+            try:
+                check_temp_parent(parent_fd, root)
+                for _ in range(5):
+                    name = "mldiag-" + os.urandom(6).hex()
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=parent_fd)
+                    except FileExistsError:
+                        continue
+                    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+                    if os.fstat(fd).st_uid != os.geteuid():   # swapped between mkdir and open
+                        os.close(fd)
+                        raise UnsafeTempParent("refusing temp dir %s/%s: not ours after mkdir" % (root, name))
+                    return cls(os.path.join(root, name), fd, parent_fd, name)
+            except OSError as exc:
+                error = exc
+            except BaseException:
+                os.close(parent_fd)
+                raise
+            os.close(parent_fd)
+        raise error or OSError("no writable temp directory")
+
+    def write(self, name, data):
+        """Create ``name`` (a plain file name: the bundle has no subdirectories) holding ``data``,
+        mode 0600; never through a symlink, never over an existing file."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError("unsafe name in bundle: %r" % name)
+        with os.fdopen(os.open(name, FILE_FLAGS, 0o600, dir_fd=self.fd), "wb") as f:
+            f.write(data)
+
+    def read(self, name):
+        """The bytes of our file ``name`` (None when missing)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def discard(self, name):
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            pass
+
+    def remove(self):
+        """Remove the tree; returns notes on what could not be removed (empty when all went). The
+        dir's own entry is removed by name from its parent's fd only while it is still our dir:
+        if someone moved it and put something else there, that is left alone."""
+        notes = []
+        left = remove_contents(self.fd)
+        if left:
+            notes.append("%d entr%s in the temp dir %s could not be removed"
+                         % (left, "y" if left == 1 else "ies", self.path))
+        try:
+            st = os.stat(self.name, dir_fd=self.parent_fd, follow_symlinks=False)
+            same = (st.st_dev, st.st_ino) == self.ident
+        except OSError:
+            same = False
+        if not same:
+            notes.append("the temp dir %s was moved or replaced while the diagnostic ran: its "
+                         "contents were removed, the entry now at that path was left alone" % self.path)
+        elif not left:
+            try:
+                os.rmdir(self.name, dir_fd=self.parent_fd)
+            except OSError as exc:
+                notes.append("could not remove the temp dir %s: %s" % (self.path, exc))
+        self.close()
+        return notes
+
+    def close(self):
+        for fd in (self.fd, self.parent_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fd = self.parent_fd = -1
+
+
+def remove_contents(top_fd):
+    """Empty the directory open as ``top_fd``, depth first, through fds only; returns how many
+    entries stayed. shutil.rmtree's fd walk without importing shutil (it pulls in bz2, lzma and
+    fnmatch: ~6 ms of CPU on every target), iterative (no recursion limit), and: a directory is
+    opened with O_NOFOLLOW and must still be the one listed (an entry swapped for a symlink is
+    unlinked, its target untouched); another file system mounted inside is not entered; a
+    read-only directory (0500) is made writable first (it is ours)."""
+    top = os.fstat(top_fd)
+    left = 0
+    stack = [(top_fd, None, list(os.scandir(top_fd)))]   # (fd, name in the parent, entries to do)
+    while stack:
+        fd, name, entries = stack[-1]
+        if not entries:
+            stack.pop()
+            if name is not None:
+                os.close(fd)
+                try:
+                    os.rmdir(name, dir_fd=stack[-1][0])
+                except OSError:
+                    left += 1
+            continue
+        entry = entries.pop()
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue       # gone already
+        if st.st_mode & 0o170000 != 0o040000:   # not a directory: a file, a symlink, a fifo...
+            try:
+                os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+                left += 1
+            continue
+        if st.st_dev != top.st_dev:
+            left += 1      # a mount point: never empty another file system
+            continue
+        try:
+            sub = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
+        except OSError:    # swapped for a symlink (ELOOP), a file, or unreadable
+            try:
+                os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+                left += 1
+            continue
+        try:
+            now = os.fstat(sub)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise OSError("swapped")
+            if now.st_mode & 0o700 != 0o700:
+                os.fchmod(sub, 0o700)
+            sub_entries = list(os.scandir(sub))
+        except OSError:
+            os.close(sub)
+            left += 1
+            continue
+        stack.append((sub, entry.name, sub_entries))
+    return left
 
 
 # ----------------------------------------------------------------------------- child side
@@ -204,7 +510,7 @@ def _install_log_capture(records):
 
     def add(level, source, message):
         if len(records) < MAX_LOG_RECORDS:
-            records.append({"level": level, "source": source, "message": message})
+            records.append({"level": level, "source": source, "message": head_and_tail(message)})
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         add("WARNING", category.__name__, "%s (%s:%s)" % (message, filename, lineno))
@@ -279,8 +585,15 @@ def _run_path(path, run_name):
     return module.__dict__
 
 
-def run_child(header, tmpdir):
-    """The diagnostic's side: runs in the child process, writes result.json, never returns."""
+def run_child(header, tmpdir, dir_fd=None):
+    """The diagnostic's side: runs in the child process, writes the result file, never returns.
+    The result goes in through ``dir_fd`` (the private dir, inherited by a forked child, opened
+    before the diagnostic starts by a spawned one), never through the path: whatever the
+    diagnostic does to its directory, the result cannot be written elsewhere."""
+    if dir_fd is None:
+        dir_fd = os.open(tmpdir, os.O_RDONLY | os.O_DIRECTORY)
+    st = os.fstat(dir_fd)
+    ident = (st.st_dev, st.st_ino)
     records = []
     outcome = {"exit_code": 0, "doc": None, "exception": None, "log": records}
     script = os.path.join(tmpdir, header["script"])
@@ -325,51 +638,42 @@ def run_child(header, tmpdir):
         outcome["doc"] = None
         outcome["exception"] = describe_exception(exc)
         data = json.dumps(outcome, default=repr)
-    path = os.path.join(tmpdir, RESULT_FILE)
-    fd = os.open(path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    dir_fd = _same_dir(dir_fd, ident) or _same_dir(os.open(tmpdir, os.O_RDONLY | os.O_DIRECTORY), ident)
+    part = RESULT_FILE + ".part"
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     with os.fdopen(fd, "w") as f:
         f.write(data)
-    os.rename(path + ".part", path)
+    os.rename(part, RESULT_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os._exit(0)
+
+
+def _same_dir(fd, ident):
+    """``fd`` if it still is the private dir (the diagnostic may have closed every fd, and the
+    number may now be another file's), else None."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return fd if (st.st_dev, st.st_ino) == ident else None
 
 
 # ----------------------------------------------------------------------------- parent side
 
 
-def _extract(blob, files, tmpdir):
-    """Write the bundle's files (names and sizes from the header) into tmpdir, mode 0600."""
-    offset = 0
+def _extract(blob, files, private):
+    """Write the bundle's files (names and sizes from the header) into the private dir, 0600."""
+    view, offset = memoryview(blob), 0
     for name, size in files:
-        if name.startswith("/") or ".." in name.split("/") or not name:
-            raise ValueError("unsafe name in bundle: %r" % name)
-        dest = os.path.join(tmpdir, name)
-        parent = os.path.dirname(dest)
-        if not os.path.isdir(parent):
-            os.makedirs(parent, 0o700)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob[offset:offset + size])
+        private.write(name, view[offset:offset + size])
         offset += size
     if offset != len(blob):
         raise ValueError("bundle size mismatch: %d bytes listed, %d received" % (offset, len(blob)))
 
 
-def make_private_dir(parent=None):
-    """mkdtemp without the tempfile module (its import costs every target): 0700, random name."""
-    roots = [parent] if parent else [os.environ.get("TMPDIR"), "/tmp", "/var/tmp", os.getcwd()]
-    error = None
-    for root in [r for r in roots if r]:
-        for _ in range(5):
-            path = os.path.join(root, "mldiag-" + os.urandom(6).hex())
-            try:
-                os.mkdir(path, 0o700)
-                return path
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                error = exc
-                break
-    raise error or OSError("no writable temp directory")
+def header_on_disk(header):
+    """The header a spawned child reads from the private dir: without ``env`` (values such as
+    HF_TOKEN reach the child through its environment only, never a file on the target)."""
+    return json.dumps(dict((k, v) for k, v in header.items() if k != "env")).encode("utf-8")
 
 
 def _spawn_argv(header, tmpdir):
@@ -389,8 +693,9 @@ def needs_spawn(header):
         k.startswith(("PYTHON", "LD_")) for k in (header.get("env") or {}))
 
 
-def start_child(header, tmpdir, out_w, err_w, close_fds):
-    """fork (fast: no second interpreter) or fork+exec when an activation is needed."""
+def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd):
+    """fork (fast: no second interpreter) or fork+exec when an activation is needed. A forked
+    child keeps ``dir_fd`` (the private dir) for its result; an exec closes it (O_CLOEXEC)."""
     spawn = needs_spawn(header)
     argv = _spawn_argv(header, tmpdir) if spawn else None
     env = dict(os.environ)
@@ -422,7 +727,7 @@ def start_child(header, tmpdir, out_w, err_w, close_fds):
             os.execvpe(argv[0], argv, env)
         os.environ.clear()
         os.environ.update(env)
-        run_child(header, tmpdir)
+        run_child(header, tmpdir, dir_fd)
     except BaseException:
         try:
             import traceback
@@ -431,7 +736,7 @@ def start_child(header, tmpdir, out_w, err_w, close_fds):
             os._exit(127)
 
 
-def supervise(header, tmpdir, stdin_fd):
+def supervise(header, private, stdin_fd):
     """Run the diagnostic child; returns (outcome dict, status, capture_out, capture_err, notes)."""
     limit = CAPTURE_LIMITS.get(header.get("mode"), CAPTURE_LIMITS["diagnostic"])
     out, err = BoundedCapture(limit), BoundedCapture(limit)
@@ -442,7 +747,8 @@ def supervise(header, tmpdir, stdin_fd):
         os.set_blocking(fd, False)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
-    child = start_child(header, tmpdir, out_w, err_w, [out_r, err_r, wake_r, wake_w, stdin_fd])
+    child = start_child(header, private.path, out_w, err_w,
+                        [out_r, err_r, wake_r, wake_w, stdin_fd, private.parent_fd], private.fd)
     CHILD[0] = child
     os.close(out_w)
     os.close(err_w)
@@ -481,7 +787,7 @@ def supervise(header, tmpdir, stdin_fd):
             status = statuses[child]
             if ended is None:
                 ended = "exited"
-    killed = kill_tree(child, TERM_GRACE_S if ended == "timeout" else 0)
+    killed, left = kill_tree(child, TERM_GRACE_S if ended == "timeout" else 0)
     if status is None:
         try:
             _, status = os.waitpid(child, 0)
@@ -504,13 +810,15 @@ def supervise(header, tmpdir, stdin_fd):
     os.close(wake_r)
     os.close(wake_w)
     outcome = None
+    data = private.read(RESULT_FILE)
+    private.discard(RESULT_FILE)   # it holds the unredacted result: never left on the target
+    private.discard(HEADER_FILE)   # in case the child never got to remove it
     try:
-        with open(os.path.join(tmpdir, RESULT_FILE)) as f:
-            outcome = json.load(f)
-    except (OSError, ValueError):
+        outcome = json.loads(data.decode("utf-8")) if data is not None else None
+    except ValueError:
         pass
     return {"ended": ended, "status": status, "outcome": outcome, "out": out, "err": err,
-            "killed": killed, "timeout": timeout}
+            "killed": killed, "left": left, "timeout": timeout}
 
 
 def _status_of(doc_status, findings):
@@ -542,8 +850,13 @@ def compose(header, run, started):
         result["error"] = {"layer": layer, "type": type_, "message": message,
                            "traceback": tb, "stderr": err_text or None}
         if out_text and mode != "script":
-            result["log"].append({"level": "INFO", "source": "stdout", "message": out_text[-4096:]})
+            result["log"].append({"level": "INFO", "source": "stdout", "message": head_and_tail(out_text)})
 
+    if run["left"]:   # SIGKILL could not end them (stuck in the kernel): say so, with their pids
+        result["log"].append({"level": "WARNING", "source": "mldiag-runtime", "message":
+                              "%d process(es) of the diagnostic still alive after %g s of SIGKILL "
+                              "(stuck in the kernel?): pids %s" % (len(run["left"]), KILL_LIMIT_S,
+                                                                     " ".join(map(str, run["left"])))})
     if run["ended"] == "timeout":
         error("timeout", "Timeout",
               "diagnostic ran past the %g s timeout; killed %d process(es)" % (run["timeout"], run["killed"]))
@@ -583,9 +896,9 @@ def compose(header, run, started):
             result["status"] = _status_of(doc.get("status"), findings)
             result["summary"] = str(doc.get("summary") or result["status"])
             if err_text.strip():
-                result["log"].append({"level": "INFO", "source": "stderr", "message": err_text[-4096:]})
+                result["log"].append({"level": "INFO", "source": "stderr", "message": head_and_tail(err_text)})
             if out_text.strip():
-                result["log"].append({"level": "INFO", "source": "stdout", "message": out_text[-4096:]})
+                result["log"].append({"level": "INFO", "source": "stdout", "message": head_and_tail(out_text)})
     result["duration_s"] = round(time.time() - started, 3)
     return result
 
@@ -609,50 +922,28 @@ def _read_exact(stream, n):
     return data
 
 
-def _remove_tree(path):
-    """shutil.rmtree(path, ignore_errors=True) without importing shutil (it pulls in bz2, lzma
-    and fnmatch: ~6 ms of CPU on every target). Symlinks are removed, never followed."""
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + dirs:
-            entry = os.path.join(root, name)
-            try:
-                if name in files or os.path.islink(entry):
-                    os.unlink(entry)
-                else:
-                    os.rmdir(entry)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-    return not os.path.exists(path)
-
-
 def main(stdin):
     """Entry from the bootstrap: ``stdin`` is the binary stdin positioned after this file."""
     started = time.time()
     header = json.loads(_read_exact(stdin, int(stdin.readline())).decode("utf-8"))
     blob = _read_exact(stdin, int(stdin.readline()))
     nonce = header["nonce"]
-    tmpdir = None
+    private = None
+    notes = []
     # A hangup or termination of this process is the client going away: clean up, exit.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     uploading = True
     try:
-        tmpdir = make_private_dir(header.get("tmpdir"))
-        _extract(blob, header.get("files") or [], tmpdir)
+        private = PrivateDir.create(header.get("tmpdir"))
+        _extract(blob, header.get("files") or [], private)
         if needs_spawn(header):  # the child is a separate interpreter: it needs these on disk
-            for name, data in ((RUNTIME_FILE, RUNTIME_SOURCE),
-                               (HEADER_FILE, json.dumps(header).encode("utf-8"))):
-                fd = os.open(os.path.join(tmpdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+            private.write(RUNTIME_FILE, RUNTIME_SOURCE)
+            private.write(HEADER_FILE, header_on_disk(header))
         uploading = False
         SUBREAPER[0] = set_subreaper()
-        run = supervise(header, tmpdir, stdin.fileno())
+        run = supervise(header, private, stdin.fileno())
         result = compose(header, run, started)
         if run["ended"] == "client-gone":
             return
@@ -662,19 +953,29 @@ def main(stdin):
         return
     except BaseException as exc:
         info = describe_exception(exc)
-        layer = "upload" if uploading and isinstance(exc, (OSError, EOFError)) else "internal"
-        if layer == "upload":  # say where: a full or read-only temp dir is the usual cause
+        layer = "upload" if uploading and isinstance(exc, (OSError, EOFError, UnsafeTempParent)) else "internal"
+        if isinstance(exc, UnsafeTempParent):
+            info["type"], info["traceback"] = "UnsafeTempParent", None   # a refusal: the message says it all
+        elif layer == "upload":  # say where: a full or read-only temp dir is the usual cause
             info["message"] = "writing %d bytes into %s: %s" % (
-                len(blob), tmpdir or header.get("tmpdir") or "a temp dir", info["message"])
+                len(blob), private.path if private else header.get("tmpdir") or "a temp dir",
+                info["message"])
         result = {"schema": 1, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
                   "status": "error", "summary": "%s: %s" % (layer, info["message"]), "findings": [],
                   "data": {}, "log": [], "duration_s": round(time.time() - started, 3),
                   "error": dict(info, layer=layer, stderr=None)}
     finally:
-        if tmpdir and not header.get("keep"):
-            _remove_tree(tmpdir)
-    if tmpdir and header.get("keep"):
-        result.setdefault("data", {})["remote_tmpdir"] = tmpdir
+        if private:
+            private.discard(HEADER_FILE)
+            private.discard(RESULT_FILE)
+            if header.get("keep"):
+                private.close()
+            else:
+                notes = private.remove()
+    if private and header.get("keep"):
+        result.setdefault("data", {})["remote_tmpdir"] = private.path
+    for note in notes:
+        result.setdefault("log", []).append({"level": "WARNING", "source": "mldiag-runtime", "message": note})
     emit(nonce, result)
 
 
@@ -683,8 +984,11 @@ RUNTIME_SOURCE = b""  # set by the bootstrap's stage A when the source is needed
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        with open(os.path.join(sys.argv[2], HEADER_FILE)) as _f:
-            run_child(json.load(_f), sys.argv[2])
+        _path = os.path.join(sys.argv[2], HEADER_FILE)
+        with open(_path) as _f:
+            _header = json.load(_f)
+        os.unlink(_path)   # read once; nothing of the run stays on the target longer than needed
+        run_child(_header, sys.argv[2])
     else:
         sys.stderr.write(__doc__)
         sys.exit(2)
