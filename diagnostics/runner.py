@@ -7,6 +7,7 @@ Every outcome becomes a Result: the runtime's framed document when one came back
 
 import json
 import re
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -14,7 +15,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from . import bundle, redact
 from .errors import InputError
-from .hops import chain_for
+from .hops import chain_for, local
 from .hops.base import first_line
 from .hops.ssh import SshPool, TransportError
 from .results import Result
@@ -106,6 +107,8 @@ class SlurmAllocation:
         self.rows: List[Target] = []
         self.failure: Optional[Result] = None
         self._login = None
+        self._lock = threading.Lock()
+        self._released = False
 
     def allocate(self) -> "SlurmAllocation":
         from dataclasses import replace
@@ -119,7 +122,12 @@ class SlurmAllocation:
             deadline = time.monotonic() + queue_timeout + CLIENT_GRACE_S
             out = self._login.run(slurm.salloc_argv(t.slurm, queue_timeout), b"", deadline)
             text = (out.stderr + out.stdout).decode("utf-8", "replace")
-            self.jobid = slurm.parse_granted(text)
+            with self._lock:
+                self.jobid = slurm.parse_granted(text)
+                released_meanwhile = self._released
+            if released_meanwhile:   # the run was interrupted while salloc waited: cancel now
+                self._cancel()
+                raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
             if not self.jobid:
                 reason = first_line("\n".join(l for l in text.splitlines() if "error" in l.lower())
                                     or text) or f"exit {out.exit_code}"
@@ -128,8 +136,11 @@ class SlurmAllocation:
             nodes = slurm.node_names(t.slurm)
             if not nodes:
                 out = self._login.run(slurm.squeue_nodes_argv(self.jobid), b"", deadline)
-                from ClusterShell.NodeSet import NodeSet
-                nodes = list(NodeSet(out.stdout.decode().strip()))
+                try:
+                    nodes = slurm.allocated_nodes(out.stdout.decode("utf-8", "replace"))
+                except ValueError as exc:
+                    raise TransportError("unreachable", f"allocation {self.jobid} on {base}: {exc}",
+                                         (out.stderr + out.stdout[:4000]).decode("utf-8", "replace"))
             self.rows = [replace(t, name=f"{base}:{node}", slurm_step=(self.jobid, node))
                          for node in nodes]
         except TransportError as exc:
@@ -142,18 +153,34 @@ class SlurmAllocation:
         return self
 
     def release(self) -> None:
+        """``scancel`` the allocation; called once the run is over, in every outcome. Called
+        while ``allocate`` still waits for salloc, it leaves the cancel to ``allocate``."""
+        with self._lock:
+            self._released = True
+            jobid = self.jobid
+        if jobid:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        from .hops import slurm
         if self.jobid and self._login is not None:
-            from .hops import slurm
             try:
                 self._login.run(slurm.scancel_argv(self.jobid), b"", time.monotonic() + 30)
             except Exception:
                 pass
 
 
-def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex) -> List[object]:
-    """Each Slurm login target becomes its allocation (made in parallel); others stay."""
-    pending = {i: ex.submit(SlurmAllocation(t, pool, job_for(t)).allocate)
-               for i, t in enumerate(targets) if t.slurm is not None and t.slurm_step is None}
+def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex,
+                  allocations: List["SlurmAllocation"]) -> List[object]:
+    """Each Slurm login target becomes its allocation (made in parallel); others stay.
+    Each allocation joins ``allocations`` before it is waited for, so an interrupt during
+    the queue wait still releases it."""
+    pending = {}
+    for i, t in enumerate(targets):
+        if t.slurm is not None and t.slurm_step is None:
+            allocation = SlurmAllocation(t, pool, job_for(t))
+            allocations.append(allocation)
+            pending[i] = ex.submit(allocation.allocate)
     return [pending[i].result() if i in pending else t for i, t in enumerate(targets)]
 
 
@@ -172,9 +199,8 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     try:
         # Slurm login targets become one row per node; a failed allocation is its own row.
         planned: List[Union[Target, Result]] = []
-        for item in _expand_slurm(targets, job_for, pool, ex):
+        for item in _expand_slurm(targets, job_for, pool, ex, allocations):
             if isinstance(item, SlurmAllocation):
-                allocations.append(item)
                 planned.extend([item.failure] if item.failure else item.rows)
             else:
                 planned.append(item)
@@ -190,6 +216,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
             if on_result:
                 on_result(result)
         return results
+    except KeyboardInterrupt:   # Ctrl-C, TERM, HUP: local children are told as remote ones are
+        local.stop_running()
+        raise
     finally:
         # On Ctrl-C: drop queued targets; closing the pool below ends the running ones
         # (their runtimes see stdin close and kill the diagnostics).

@@ -26,6 +26,7 @@ Choices where DESIGN.md is silent:
 - ``become: true`` means sudo and ``become: false`` turns an inherited sudo off.
 """
 
+import contextvars
 import difflib
 import math
 import os
@@ -37,6 +38,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from . import nodeset
 from .errors import InputError
 
 RUNTIMES = ("pct", "docker", "podman", "lxc", "kubectl")
@@ -62,9 +64,8 @@ SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}|UNLIMITED|INFINITE|unlimited
 METADATA_PREFIX = "x-"
 DEFAULT_HOSTS_FILE = "hosts.yaml"
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
-# ClusterShell builds every index of a node set in memory (~4 s per million), so
-# `n[1-999999999]` would hang: bound the size before expanding.
-MAX_NODES = 100_000
+# Node-set bounds (see nodeset.py): names per node set / selection / group / file's targets.
+MAX_NODES = nodeset.MAX_NODES
 # 1 MiB holds ~25,000 one-line hosts and parses in ~4 s; a larger file is a mistake
 # (a log or a dump named by accident), refused before it is parsed.
 MAX_FILE_BYTES = 2**20
@@ -149,13 +150,14 @@ class Topology:
         if not hosts and not groups:
             names = list(self.default_targets)
         else:
-            names = [n for value in hosts for n in self._named_targets(value)]
+            budget = nodeset.Budget(MAX_NODES, "the --host values")
+            names = [n for value in hosts for n in self._named_targets(value, budget)]
             names += [n for group in groups for n in self._group_members(group)]
         return [self.targets.get(name) or self._slurm_row(name) for name in _unique(names)]
 
-    def _named_targets(self, value: str) -> List[str]:
+    def _named_targets(self, value: str, budget: nodeset.Budget) -> List[str]:
         try:
-            names = expand_selector(value)
+            names = expand_selector(value, budget)
         except ValueError as exc:
             raise InputError(str(exc), key="--host") from None
         for name in names:
@@ -171,7 +173,7 @@ class Topology:
         if not sep or target is None or target.slurm is None or not nodes:
             return None
         try:
-            expanded = expand_nodeset(nodes)
+            expanded = nodeset.expand(nodes)
         except ValueError as exc:
             raise InputError(f"{name}: {exc}", key="--host") from None
         for node in expanded:
@@ -200,84 +202,57 @@ def load(path: Optional[str] = None) -> Topology:
 
 
 def loads(text: str, path: str = "hosts.yaml") -> Topology:
-    return _build(_parse_yaml(text, path), path)
+    document = _parse_yaml(text, path)
+    token = _file_budget.set(nodeset.Budget(nodeset.MAX_FILE_NAMES, "one hosts file"))
+    try:
+        return _build(document, path)
+    finally:
+        _file_budget.reset(token)
+
+
+# The names the hosts.yaml being read may still expand to (every node set and group reference
+# of one file counts against one budget; a validator cannot be handed it as an argument).
+_file_budget: "contextvars.ContextVar[Optional[nodeset.Budget]]" = contextvars.ContextVar(
+    "mldiag_hosts_file_budget", default=None)
 
 
 # ---------------------------------------------------------------------------- names and node sets
 
-def expand_selector(text: str) -> List[str]:
+def expand_selector(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
     """``"gpu[01-04],b200"`` → names in the order written (each node set in ClusterShell's
-    order). Names with ':' (Slurm node rows) are kept as they are. ValueError when malformed."""
+    order). Names with ':' (Slurm node rows) are kept as they are. ValueError when malformed,
+    when the whole selection could name more than ``MAX_NODES`` (counted before anything is
+    expanded), or past ``budget`` (the names still allowed to the input being read)."""
+    parts = [part.strip() for part in nodeset.split_top_level(text, ",")]
+    if not all(parts):
+        raise ValueError(f"empty name in {_excerpt(text)}")
+    plain = [":" in part or bool(NAME.fullmatch(part)) for part in parts]
+    bound = sum(1 if is_plain else nodeset.size_bound(part) for part, is_plain in zip(parts, plain))
+    if bound > MAX_NODES:
+        raise nodeset.TooManyNodes(f"{_excerpt(text)} names up to {bound} targets "
+                                   f"(at most {MAX_NODES})")
+    if budget is not None:
+        budget.spend(bound)
     names = []
-    for part in _split_top_level(text, ","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"empty name in {text!r}")
-        if ":" in part or NAME.fullmatch(part):
-            names.append(part)
-        else:
-            names.extend(expand_nodeset(part))
+    for part, is_plain in zip(parts, plain):
+        names.extend([part] if is_plain else nodeset.expand(part))
     return names
 
 
-def expand_nodeset(text: str) -> List[str]:
-    """ClusterShell's expansion of ``text`` (no @group lookups); ValueError when malformed."""
-    bound = _nodeset_size_bound(text)
-    if bound > MAX_NODES:
-        raise ValueError(f"node set {text!r} has up to {bound} nodes (at most {MAX_NODES})")
-    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
-    try:
-        nodes = list(NodeSet(text, resolver=RESOLVER_NOGROUP))
-    except NodeSetException as exc:
-        raise ValueError(f"invalid node set {text!r}: {exc}") from None
-    if not nodes:
-        raise ValueError(f"node set {text!r} is empty")
-    return nodes
+def expand_nodeset(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
+    """ClusterShell's expansion of ``text`` (no @group lookups), bounded (``nodeset``), counted
+    against ``budget`` or, while a hosts.yaml is read, that file's; ValueError when malformed."""
+    budget = budget or _file_budget.get()
+    return budget.expand(text) if budget is not None else nodeset.expand(text)
 
 
 def fold_names(names: Sequence[str]) -> str:
     """``gpu01, gpu02, b200`` → ``b200,gpu[01-02]`` (ClusterShell folding)."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
-    try:
-        return str(NodeSet.fromlist(list(names), resolver=RESOLVER_NOGROUP))
-    except NodeSetException:
-        return ",".join(names)
+    return nodeset.fold(names)
 
 
-def _nodeset_size_bound(text: str) -> int:
-    """At least as many nodes as ``text`` expands to, counted without expanding."""
-    total = 0
-    for pattern in _split_top_level(text, ",!&^ "):
-        size = 1
-        for ranges in re.findall(r"\[([^\[\]]*)\]", pattern):
-            size *= sum(_range_size(item) for item in ranges.split(","))
-        total += size
-    return total
-
-
-def _range_size(item: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?", item)
-    if not match or match.group(2) is None:
-        return 1
-    first, last, step = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
-    return max(last - first, 0) // max(step, 1) + 1
-
-
-def _split_top_level(text: str, separators: str) -> List[str]:
-    """Split at separators outside brackets: ``a[1,2],b`` → ``a[1,2]``, ``b``."""
-    parts, current, depth = [], [], 0
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth = max(depth - 1, 0)
-        if char in separators and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
+def _excerpt(text: str, width: int = 80) -> str:
+    return repr(text if len(text) <= width else text[:width] + "...")
 
 
 def _unique(names: Sequence[str]) -> List[str]:
@@ -827,6 +802,8 @@ def _read_hosts(value: Any, at: _At) -> List[_HostEntry]:
                 f"a node range ({len(names)} hosts) cannot have containers: container names "
                 "are target names and must be unique")
         containers, slurm = tuple(_read_containers(fields)), _read_slurm(fields)
+        if len(entries) + len(names) > MAX_NODES:
+            raise key_at.error(f"more than {MAX_NODES} hosts in one hosts file")
         for name, address in zip(names, _addresses(fields, names, key)):
             entries.append(_HostEntry(name, address, key_at, fields, containers, slurm))
     return entries
@@ -1038,7 +1015,7 @@ def _expand_member(member: Any, at: _At, targets: Dict[str, Target], groups: Dic
     """A group member or defaults.targets entry: names, node sets and groups → target names."""
     text = _string(member, at, "a target or group name")
     try:
-        names = expand_selector(text)
+        names = expand_selector(text, _file_budget.get())
     except ValueError as exc:
         raise at.error(str(exc)) from None
     expanded: List[str] = []
@@ -1047,7 +1024,14 @@ def _expand_member(member: Any, at: _At, targets: Dict[str, Target], groups: Dic
             raise at.error("group cycle: " + " → ".join(
                 list(visiting[visiting.index(name):]) + [name]))
         if name in groups:
-            expanded += expand_group(name)
+            members = expand_group(name)
+            budget = _file_budget.get()
+            try:   # each reference costs its size: `[g, g, g, ...]` must not multiply freely
+                if budget is not None:
+                    budget.spend(len(members))
+            except ValueError as exc:
+                raise at.error(str(exc)) from None
+            expanded += members
         elif name in targets:
             expanded.append(name)
         else:

@@ -4,10 +4,27 @@ import os
 import selectors
 import shlex
 import subprocess
+import threading
 import time
-from typing import Sequence
+from typing import Sequence, Set
 
 from .base import ProcessOutput, record_command
+
+
+# One event per local child running now; set by stop_running() (an interrupted run).
+_running: Set[threading.Event] = set()
+_running_lock = threading.Lock()
+
+
+def stop_running() -> None:
+    """Tell every local child running now that the client is going away: its stdin is closed,
+    which the runtime takes as the signal to kill its diagnostic and leave (what closing the
+    SSH connections does for remote targets; a local child is in its own session, so a
+    Ctrl-C on the terminal never reaches it)."""
+    with _running_lock:
+        events = list(_running)
+    for event in events:
+        event.set()
 
 
 class LocalTransport:
@@ -25,9 +42,14 @@ class LocalTransport:
                                     stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return ProcessOutput(b"", f"{argv[0]}: {exc.strerror}".encode(), 127)
+        stop = threading.Event()
+        with _running_lock:
+            _running.add(stop)
         try:
-            return _pump(proc, payload, deadline)
+            return _pump(proc, payload, deadline, stop)
         finally:
+            with _running_lock:
+                _running.discard(stop)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     stream.close()
@@ -46,7 +68,7 @@ class LocalTransport:
         pass
 
 
-def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
+def _pump(proc, payload: bytes, deadline: float, stop: threading.Event) -> ProcessOutput:
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     os.set_blocking(proc.stdin.fileno(), False)
@@ -54,8 +76,13 @@ def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
     sel.register(proc.stdin, selectors.EVENT_WRITE)
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
-    readers = 2
+    readers, writing = 2, True
     while readers:
+        if stop.is_set() and not proc.stdin.closed:
+            if writing:
+                sel.unregister(proc.stdin)
+                writing = False
+            proc.stdin.close()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return ProcessOutput(bytes(out), bytes(err), None, timed_out=True)
@@ -68,6 +95,7 @@ def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
                 view = view[n:]
                 if not view:
                     sel.unregister(proc.stdin)
+                    writing = False
                 continue
             chunk = os.read(key.fileobj.fileno(), 65536)
             if chunk:

@@ -15,7 +15,8 @@ checked about once a minute.
 import re
 from typing import List, Optional, Sequence
 
-from ..topology import Slurm
+from .. import nodeset
+from ..topology import NAME, Slurm
 from .base import Classification, Wrapper, find_line
 
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
@@ -25,8 +26,21 @@ def node_names(slurm: Slurm) -> Optional[List[str]]:
     """The nodelist of hosts.yaml, expanded (brackets never reach a command line)."""
     if not slurm.nodelist:
         return None
-    from ClusterShell.NodeSet import NodeSet
-    return list(NodeSet(slurm.nodelist))
+    return nodeset.expand(slurm.nodelist)
+
+
+def allocated_nodes(squeue_output: str) -> List[str]:
+    """The node names of ``squeue -o %N``'s answer: what a login node says is untrusted, so its
+    size is bounded before expanding and every name must be a plain token (it becomes ``-w``).
+    ValueError otherwise."""
+    text = squeue_output.strip()
+    nodes = nodeset.expand(text) if text else []
+    if not nodes:
+        raise ValueError("squeue named no nodes for the allocation")
+    for node in nodes:
+        if not NAME.fullmatch(node):
+            raise ValueError(f"squeue named node {node[:80]!r}, not a plain node name")
+    return nodes
 
 
 def salloc_argv(slurm: Slurm, queue_timeout: float) -> List[str]:

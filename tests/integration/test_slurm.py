@@ -154,3 +154,41 @@ def test_node_health_runbook_on_a_slurm_cluster(lab, hosts_file, tmp_path):
     assert [s["kind"] for s in xid["skipped"]] == ["param"], xid["skipped"]
     assert (tmp_path / "out" / "report.md").read_text().startswith("# Runbook `node-health`")
     assert jobs_of_mlsh(lab) == []
+
+
+def steps_of_mlsh(lab):
+    out = lab.ssh("main", "squeue", "-h", "-s", "-u", "mlsh", "-o", "%i")
+    return [s for s in out.stdout.split() if "." in s and not s.endswith((".extern", ".batch"))]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_term_and_hup_cancel_the_allocation(lab, hosts_file, tmp_path, sig, code):
+    """A CI timeout (TERM) or a closed terminal (HUP) while every node runs its step: the
+    allocation is cancelled, as after Ctrl-C, and the exit code is 128 + signal."""
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    save = tmp_path / "saved"
+    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--hosts-file", str(hosts_file),
+                                      "-H", "cluster-a", "--save", str(save), "--timeout", "300"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 60
+        while len(steps_of_mlsh(lab)) < 4:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "no allocation with 4 running steps within 60 s"
+            time.sleep(0.5)
+        assert len(jobs_of_mlsh(lab)) == 1
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err.startswith(f"mldiag: terminated ({signal.Signals(sig).name}) (0 of 1 targets "), err
+    summary = json.loads((save / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit_code"] == code
+    end = time.monotonic() + 15       # a cancelled job may show as completing for a moment
+    while jobs_of_mlsh(lab) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert jobs_of_mlsh(lab) == []
