@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence, TextIO, Union
 
 from invoke import Exit
 
-from . import render, runner, termination, topology
+from . import nodeset, render, runner, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError
 from .results import Result, exit_code
@@ -65,19 +65,7 @@ def _split(values: Sequence[str]) -> List[str]:
 
 
 def _split_top_level_commas(value: str) -> List[str]:
-    parts, depth, current = [], 0, []
-    for ch in value:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current).strip())
-    return parts
+    return [part.strip() for part in nodeset.split_top_level(value, ",")]
 
 
 def _read_local(flag: str, path: str) -> bytes:

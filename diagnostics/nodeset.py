@@ -107,7 +107,7 @@ class Budget:
 
 # ----------------------------------------------------------------------------------- folding
 
-def _natural_key(name: str) -> Tuple[Tuple[Any, ...], str]:
+def natural_key(name: str) -> Tuple[Tuple[Any, ...], str]:
     """``node2`` before ``node10``; the raw name breaks ties (``n1`` vs ``n01``)."""
     parts = re.split(r"(\d+)", name)
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
@@ -145,5 +145,5 @@ def fold(names: Iterable[str]) -> str:
         else:
             folded.update(single)
     parts = [str(folded)] if len(folded) else []
-    parts.extend(sorted(plain, key=_natural_key))
+    parts.extend(sorted(plain, key=natural_key))
     return ",".join(parts)
