@@ -33,11 +33,12 @@ class MldiagTask(Task):
         try:
             return super().__call__(*args, **kwargs)
         except Exit as exc:
-            if received.signal is not None and exc.code == EXIT_INTERRUPTED:
-                # an engine that handled the interrupt itself (runbooks) exits as for Ctrl-C
+            signal = received.signal
+            if signal is not None and exc.code in (EXIT_INTERRUPTED, signal.exit_code):
+                # an engine that handled the interrupt itself (runbooks) says "interrupted"
                 message = (exc.message or "mldiag: interrupted").replace(
-                    "interrupted", termination.describe(received.signal), 1)
-                raise Exit(message, code=received.signal.exit_code) from None
+                    "interrupted", termination.describe(signal), 1)
+                raise Exit(message, code=signal.exit_code) from None
             raise
         except KeyboardInterrupt as exc:
             raise Exit(f"mldiag: {termination.describe(exc)}", code=termination.exit_code_of(exc))

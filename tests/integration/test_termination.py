@@ -61,3 +61,46 @@ def test_a_signal_ends_a_local_run_like_ctrl_c(tmp_path, sig, code):
     assert summary["interrupted"] is True and summary["exit_code"] == code
     assert summary["targets"] == {"fast": "ok"} and summary["not_finished"] == ["slow"]
     wait_for(lambda: not marked(marker), 10, "the slow diagnostic to be stopped")
+
+
+def test_terminating_a_runbook_writes_its_report_and_exits_143(tmp_path):
+    """The runbook engine handles the interrupt itself (the report of what ran is written);
+    TERM gives 143 there too, in the exit code and in report.json."""
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)                                   # scan-log blocks opening it: a hung step
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "hang.yaml").write_text("description: a step that hangs\nsteps:\n  - task: ping\n"
+                                     f"  - task: scan-log\n    args: {{path: {fifo}}}\n")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("runbooks: books\nhosts:\n  a: {local: true}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(MLDIAG + ["runbook", "hang", "--hosts-file", str(hosts), "-H", "a",
+                                      "--save", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = []
+
+    def scan_log_is_reading():
+        """A FIFO opens for writing (non-blocking) only once a reader has it open: then the
+        step is running, and with our end open and silent it stays blocked in read()."""
+        assert proc.poll() is None, proc.communicate()
+        try:
+            writer.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            return False
+        return True
+    try:
+        wait_for(scan_log_is_reading, 60, "the scan-log step to open the FIFO")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for fd in writer:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err == "mldiag: terminated (SIGTERM)\n"
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["interrupted"] is True and doc["exit_code"] == 143
+    assert [r["status"] for r in doc["steps"][0]["results"]] == ["ok"]
