@@ -215,7 +215,9 @@ def expand_selector(text: str, budget: Optional[nodeset.Budget] = None) -> List[
     if not all(parts):
         raise ValueError(f"empty name in {_excerpt(text)}")
     plain = [":" in part or bool(NAME.fullmatch(part)) for part in parts]
-    bound = sum(1 if is_plain else nodeset.size_bound(part) for part, is_plain in zip(parts, plain))
+    # a Slurm row `cluster-a:n[1-4]` stands for its nodes: counted as them
+    bound = sum(nodeset.size_bound(part.partition(":")[2]) if ":" in part
+                else 1 if is_plain else nodeset.size_bound(part) for part, is_plain in zip(parts, plain))
     if bound > MAX_NODES:
         raise nodeset.TooManyNodes(f"{_excerpt(text)} names up to {bound} targets "
                                    f"(at most {MAX_NODES})")

@@ -74,6 +74,13 @@ def test_host_flags_are_bounded_together():
         topo.select([",".join(["n[1-9999]"] * 400)])
 
 
+def test_slurm_rows_count_as_their_nodes():
+    topo = topology.loads("hosts:\n  c: {address: login, slurm: {nodes: 2}}\n", "h.yaml")
+    assert [t.slurm.nodes for t in topo.select(["c:n[1-3]"])] == [3]
+    with pytest.raises(InputError, match=r"more than 100000 names in the --host values"):
+        topo.select(["c:n[1-99999]"] * 3)
+
+
 def test_the_command_line_exits_4_on_a_bomb(tmp_path):
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text('hosts:\n  "n[1-99]": {}\ngroups:\n  g: "' + ",".join(["n[1-99999]"] * 400) + '"\n')
