@@ -109,6 +109,9 @@ class SlurmAllocation:
         self._login = None
         self._lock = threading.Lock()
         self._released = False
+        self._requested = False      # salloc was sent: a job (pending or granted) may exist
+        from .hops import slurm
+        self.job_name = slurm.job_name()   # unique: a pending request is cancelled by its name
 
     def allocate(self) -> "SlurmAllocation":
         from dataclasses import replace
@@ -118,14 +121,18 @@ class SlurmAllocation:
         base = t.name.split(":", 1)[0]
         queue_timeout = self.job.timeout if self.job.timeout is not None else t.timeout
         try:
-            self._login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
+            login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
+            with self._lock:
+                if self._released:
+                    raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
+                self._login, self._requested = login, True
             deadline = time.monotonic() + queue_timeout + CLIENT_GRACE_S
-            out = self._login.run(slurm.salloc_argv(t.slurm, queue_timeout), b"", deadline)
+            out = login.run(slurm.salloc_argv(t.slurm, queue_timeout, self.job_name), b"", deadline)
             text = (out.stderr + out.stdout).decode("utf-8", "replace")
             with self._lock:
                 self.jobid = slurm.parse_granted(text)
                 released_meanwhile = self._released
-            if released_meanwhile:   # the run was interrupted while salloc waited: cancel now
+            if released_meanwhile:   # released while salloc ran: granted meanwhile, or not
                 self._cancel()
                 raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
             if not self.jobid:
@@ -153,21 +160,22 @@ class SlurmAllocation:
         return self
 
     def release(self) -> None:
-        """``scancel`` the allocation; called once the run is over, in every outcome. Called
-        while ``allocate`` still waits for salloc, it leaves the cancel to ``allocate``."""
+        """``scancel`` the allocation; called once the run is over, in every outcome. While
+        salloc still waits in the queue (an interrupted run), the pending request is cancelled
+        by its job name: closing the SSH channel does not end a salloc that has no terminal."""
         with self._lock:
             self._released = True
-            jobid = self.jobid
-        if jobid:
+            requested = self._requested
+        if requested:
             self._cancel()
 
     def _cancel(self) -> None:
         from .hops import slurm
-        if self.jobid and self._login is not None:
-            try:
-                self._login.run(slurm.scancel_argv(self.jobid), b"", time.monotonic() + 30)
-            except Exception:
-                pass
+        argv = slurm.scancel_argv(self.jobid) if self.jobid else slurm.scancel_name_argv(self.job_name)
+        try:
+            self._login.run(argv, b"", time.monotonic() + 30)
+        except Exception:
+            pass
 
 
 def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex,

@@ -7,12 +7,15 @@ host's one SSH connection:
 2. one ``srun --jobid J -w NODE --overlap`` step per node streams the bundle through stdin
    to that node — compute nodes need not share the login node's /tmp — so a dead node fails
    its own step while the others report (one ``srun -N4`` step would fail as a whole);
-3. ``scancel J`` in every outcome.
+3. ``scancel J`` in every outcome; interrupted while salloc still waits in the queue,
+   ``scancel --name`` with the allocation's own job name (a salloc without a terminal is not
+   ended by its SSH channel closing).
 Timeouts are enforced on the node by the runtime and by the client: srun's ``-t`` is only
 checked about once a minute.
 """
 
 import re
+import secrets
 from typing import List, Optional, Sequence
 
 from .. import nodeset
@@ -43,9 +46,15 @@ def allocated_nodes(squeue_output: str) -> List[str]:
     return nodes
 
 
-def salloc_argv(slurm: Slurm, queue_timeout: float) -> List[str]:
+def job_name() -> str:
+    """``mldiag-<12 hex>``: one allocation's own name, so that a request still pending can be
+    cancelled (``scancel --name``) without touching any other job of the user."""
+    return f"mldiag-{secrets.token_hex(6)}"
+
+
+def salloc_argv(slurm: Slurm, queue_timeout: float, name: str = "mldiag") -> List[str]:
     nodes = node_names(slurm)
-    argv = ["salloc", "--no-shell", "-J", "mldiag", "-N", str(len(nodes) if nodes else slurm.nodes),
+    argv = ["salloc", "--no-shell", "-J", name, "-N", str(len(nodes) if nodes else slurm.nodes),
             f"-I{max(1, int(queue_timeout))}"]
     if slurm.partition:
         argv += ["-p", slurm.partition]
@@ -71,6 +80,11 @@ def squeue_nodes_argv(jobid: str) -> List[str]:
 
 def scancel_argv(jobid: str) -> List[str]:
     return ["scancel", jobid]
+
+
+def scancel_name_argv(name: str) -> List[str]:
+    """Cancel the user's jobs named ``name`` (pending or running)."""
+    return ["scancel", "--name", name]
 
 
 class SrunStep(Wrapper):

@@ -3,6 +3,7 @@ a private /tmp): login host `main` over SSH → one srun step per node → the r
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,3 +193,44 @@ def test_term_and_hup_cancel_the_allocation(lab, hosts_file, tmp_path, sig, code
     while jobs_of_mlsh(lab) and time.monotonic() < end:
         time.sleep(0.5)
     assert jobs_of_mlsh(lab) == []
+
+
+def test_term_while_the_allocation_waits_in_the_queue_leaves_no_job(lab, hosts_file):
+    """TERM while salloc still waits (every node held by another job): the pending request
+    goes too, and so does an allocation granted just as the run ends."""
+    blocker = lab.ssh("main", "salloc --no-shell --exclusive -N4 -J blocker -t 5")
+    jobid = slurm_granted(blocker.stderr + blocker.stdout)
+    try:
+        proc = subprocess.Popen(MLDIAG + ["ping", "--hosts-file", str(hosts_file), "-H", "cluster-a"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            end = time.monotonic() + 60
+            while not mldiag_jobs(lab):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < end, "mldiag's salloc never queued"
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 143, (proc.returncode, err)
+        assert err.startswith("mldiag: terminated (SIGTERM)"), err
+        end = time.monotonic() + 15
+        while mldiag_jobs(lab) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert mldiag_jobs(lab) == []
+    finally:
+        lab.ssh("main", "scancel", jobid)
+
+
+def slurm_granted(text):
+    match = re.search(r"Granted job allocation (\d+)", text)
+    assert match, text
+    return match.group(1)
+
+
+def mldiag_jobs(lab):
+    names = lab.ssh("main", "squeue", "-h", "-u", "mlsh", "-o", "%j").stdout.split()
+    return [name for name in names if name.startswith("mldiag")]
