@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence, TextIO, Union
 
 from invoke import Exit
 
-from . import render, runner, topology
+from . import nodeset, render, runner, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError
 from .results import Result, exit_code
@@ -66,19 +66,7 @@ def _split(values: Sequence[str]) -> List[str]:
 
 
 def _split_top_level_commas(value: str) -> List[str]:
-    parts, depth, current = [], 0, []
-    for ch in value:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current).strip())
-    return parts
+    return [part.strip() for part in nodeset.split_top_level(value, ",")]
 
 
 def _read_local(flag: str, path: str) -> bytes:
@@ -111,11 +99,12 @@ def save_result(save: SaveDir, result: Result) -> None:
 
 
 def save_summary(save: SaveDir, results: Sequence[Result],
-                 interrupted: Optional[Sequence[str]] = None) -> None:
-    """summary.json; after Ctrl-C (``interrupted``: the targets that had not finished) it says
-    so, with exit code 130, and lists only what finished."""
+                 interrupted: Optional[Sequence[str]] = None,
+                 interrupted_code: int = EXIT_INTERRUPTED) -> None:
+    """summary.json; after Ctrl-C, TERM or HUP (``interrupted``: the targets that had not
+    finished) it says so, with ``interrupted_code`` (130, 143, 129), and lists only what finished."""
     doc = {"summary": render.summary_line(results) if results else "nothing finished",
-           "exit_code": EXIT_INTERRUPTED if interrupted is not None else exit_code(results),
+           "exit_code": interrupted_code if interrupted is not None else exit_code(results),
            "targets": {r.target: r.status for r in results}}
     if interrupted is not None:
         doc.update(interrupted=True, not_finished=list(interrupted))
@@ -172,14 +161,17 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     try:
         results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
                                   on_result=arrived)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:   # Ctrl-C, or TERM/HUP (termination.Terminated)
         # run_many has closed every connection: the remote runtimes see stdin close and stop
+        code = termination.exit_code_of(interrupt)
         if save is not None:
             done = {r.target for r in finished}
             save_summary(save, list(finished), interrupted=sorted(
-                t.name for t in targets if t.name not in done and t.slurm is None))
-        raise Exit(f"mldiag: interrupted ({len(finished)} of {len(targets)} targets finished"
-                   + (f", saved in {opts.save})" if opts.save else ")"), code=EXIT_INTERRUPTED)
+                t.name for t in targets if t.name not in done and t.slurm is None),
+                interrupted_code=code)
+        raise Exit(f"mldiag: {termination.describe(interrupt)} ({len(finished)} of {len(targets)} "
+                   f"targets finished" + (f", saved in {opts.save})" if opts.save else ")"),
+                   code=code)
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
     finally:

@@ -35,10 +35,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-try:
-    from ClusterShell.NodeSet import NodeSet
-except ImportError:  # pragma: no cover - clustershell is a dependency; keep drift usable without
-    NodeSet = None
+from . import nodeset
+
 
 IGNORE_PATTERNS: Tuple[str, ...] = (
     # host identity
@@ -148,17 +146,9 @@ def drift(results: Sequence[Tuple[str, Mapping[str, Any]]], *,
 
 
 def fold(names: Sequence[str]) -> str:
-    """``["gpu01", "gpu02", "gpu04"]`` -> ``"gpu[01-02,04]"``; a comma list when a name
-    is not a plain node name (NodeSet would parse ``,`` ``!`` ``&`` ``^`` ``[]`` as syntax)."""
-    names = list(names)
-    if NodeSet is not None:
-        try:
-            folded = str(NodeSet.fromlist(names))
-            if sorted(NodeSet(folded)) == sorted(set(names)) and len(set(names)) == len(names):
-                return folded
-        except Exception:   # NodeSetException and friends: the names are not node names
-            pass
-    return ",".join(names)
+    """``["gpu01", "gpu02", "gpu04"]`` -> ``"gpu[01-02,04]"`` (``nodeset.fold``: names that are
+    not plain node names follow as a comma list)."""
+    return nodeset.fold(names)
 
 
 def format_value(value: Any, max_len: Optional[int] = 80) -> str:

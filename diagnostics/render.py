@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
+from . import nodeset
 from .results import ERROR_LAYERS, STATUSES, Finding, Result, status_rank
 
 STDERR_TAIL_LINES = 20
@@ -29,46 +29,8 @@ _ASCII_FALLBACK = {"\N{MIDDLE DOT}": "-", "\N{RIGHTWARDS ARROW}": "->", "\N{HORI
 
 # --------------------------------------------------------------------------- folding
 
-def _natural_key(name: str) -> Tuple[Tuple[Any, ...], str]:
-    """``node2`` before ``node10``; the raw name breaks ties (``n1`` vs ``n01``)."""
-    parts = re.split(r"(\d+)", name)
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
-
-
-def _read_back(name: str) -> Optional[NodeSet]:
-    """``name`` as a one-node NodeSet when ClusterShell reads it back as exactly that node.
-
-    ``,``, brackets, the ``!&^`` operators and surrounding whitespace mean something to the
-    node-set parser; for such names this returns None and they are shown as they are.
-    """
-    if "[" in name:
-        return None   # brackets never read back as themselves; and x[1-99999999] is huge
-    try:
-        single = NodeSet(name, resolver=RESOLVER_NOGROUP)
-    except NodeSetException:
-        return None
-    return single if len(single) == 1 and str(single) == name else None
-
-
-def fold_names(names: Iterable[str]) -> str:
-    """``gpu01..gpu08, gpu12`` → ``gpu[01-08,12]``; duplicates collapse.
-
-    Folding is ClusterShell's (group syntax off, so ``@x`` is a plain name and no group
-    source is ever consulted). ``:`` is a plain name character to ClusterShell, so Slurm
-    rows fold too: ``cluster-a:n[1-4]``. Names the parser would read as something else
-    (``a,b``, ``x[1]``, ``bad]``) follow as a plain comma list, in natural order.
-    """
-    folded = NodeSet(resolver=RESOLVER_NOGROUP)
-    plain: List[str] = []
-    for name in dict.fromkeys(str(n) for n in names):
-        single = _read_back(name)
-        if single is None:
-            plain.append(name)
-        else:
-            folded.update(single)
-    parts = [str(folded)] if len(folded) else []
-    parts.extend(sorted(plain, key=_natural_key))
-    return ",".join(parts)
+_natural_key = nodeset.natural_key
+fold_names = nodeset.fold   # one folder for every view (``nodeset.fold``)
 
 
 def _fold_key(r: Result) -> Tuple[Any, ...]:

@@ -36,8 +36,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from . import jobs
 from .errors import InputError
 from .results import status_rank
-from .topology import (NAME, _At, _entries, _Mapping, _mapping, _parse_yaml, _Sequence, _show,
-                       _string, _unknown_key)
+from .yamlfile import NAME
+from .yamlfile import At as _At
+from .yamlfile import LineMapping as _Mapping
+from .yamlfile import LineSequence as _Sequence
+from .yamlfile import expect_mapping as _mapping
+from .yamlfile import expect_string as _string
+from .yamlfile import items_at as _entries
+from .yamlfile import parse as _parse_yaml
+from .yamlfile import show as _show
+from .yamlfile import unknown_key as _unknown_key
 
 BUILTIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runbooks")
 SUFFIXES = (".yaml", ".yml")

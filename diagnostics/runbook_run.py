@@ -16,7 +16,8 @@ Semantics (README "Runbooks" says the same for users):
 - A Slurm login target runs each step as its own allocation; its rows (``cluster-a:n3``)
   count for it: conditions see the worst of them.
 - The exit code is the worst status of the steps that ran (skipped ones do not count);
-  130 when interrupted (the report of what ran is still written).
+  130 when interrupted, 143 / 129 when ended by TERM / HUP (the report of what ran is still
+  written).
 """
 
 import json
@@ -29,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
 from invoke import Exit
 
-from . import __version__, cli, jobs, render, report, runbook, runner, topology
+from . import __version__, cli, jobs, render, report, runbook, runner, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError
 from .hops.ssh import SshPool
@@ -79,6 +80,7 @@ class RunbookRun:
     duration_s: float = 0.0
     steps: List[StepRun] = field(default_factory=list)
     interrupted: bool = False
+    interrupted_code: int = EXIT_INTERRUPTED   # 130 for Ctrl-C, 143 / 129 for TERM / HUP
 
     @property
     def results(self) -> List[Result]:
@@ -86,7 +88,7 @@ class RunbookRun:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_INTERRUPTED if self.interrupted else exit_code(self.results)
+        return self.interrupted_code if self.interrupted else exit_code(self.results)
 
 
 def _owner_of(name: str, targets: Sequence[Target]) -> str:
@@ -200,8 +202,9 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             try:
                 sr.results = run_many(eligible, job_for, parallel=parallel, pool=pool,
                                       on_result=got)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as interrupt:   # Ctrl-C, TERM or HUP
                 record.interrupted = True
+                record.interrupted_code = termination.exit_code_of(interrupt)
                 sr.results = list(arrived)
                 answered = {sr.owner(r) for r in arrived}
                 sr.skipped += [Skip(t.name, "interrupted", "the run was interrupted")

@@ -6,6 +6,7 @@ through ``wire.read_result``: a malformed one is the target's ``protocol`` row),
 ``run_one`` except KeyboardInterrupt.
 """
 
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -13,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from . import bundle, redact, wire
 from .errors import InputError
-from .hops import chain_for
+from .hops import chain_for, local
 from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
                         out_of_descriptors)
 from .hops.ssh import SshPool, SshTransport
@@ -104,6 +105,11 @@ class SlurmAllocation:
         self.rows: List[Target] = []
         self.failure: Optional[Result] = None
         self._login = None
+        self._lock = threading.Lock()
+        self._released = False
+        self._requested = False      # salloc was sent: a job (pending or granted) may exist
+        from .hops import slurm
+        self.job_name = slurm.job_name()   # unique: a pending request is cancelled by its name
 
     def allocate(self) -> "SlurmAllocation":
         from dataclasses import replace
@@ -113,11 +119,20 @@ class SlurmAllocation:
         base = t.name.split(":", 1)[0]
         queue_timeout = self.job.timeout if self.job.timeout is not None else t.timeout
         try:
-            self._login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
+            login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
+            with self._lock:
+                if self._released:
+                    raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
+                self._login, self._requested = login, True
             deadline = time.monotonic() + queue_timeout + CLIENT_GRACE_S
-            out = self._login.run(slurm.salloc_argv(t.slurm, queue_timeout), b"", deadline)
+            out = login.run(slurm.salloc_argv(t.slurm, queue_timeout, self.job_name), b"", deadline)
             text = (out.stderr + out.stdout).decode("utf-8", "replace")
-            self.jobid = slurm.parse_granted(text)
+            with self._lock:
+                self.jobid = slurm.parse_granted(text)
+                released_meanwhile = self._released
+            if released_meanwhile:   # released while salloc ran: granted meanwhile, or not
+                self._cancel()
+                raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
             if not self.jobid:
                 reason = first_line("\n".join(l for l in text.splitlines() if "error" in l.lower())
                                     or text) or f"exit {out.exit_code}"
@@ -126,8 +141,11 @@ class SlurmAllocation:
             nodes = slurm.node_names(t.slurm)
             if not nodes:
                 out = self._login.run(slurm.squeue_nodes_argv(self.jobid), b"", deadline)
-                from ClusterShell.NodeSet import NodeSet
-                nodes = list(NodeSet(out.stdout.decode().strip()))
+                try:
+                    nodes = slurm.allocated_nodes(out.stdout.decode("utf-8", "replace"))
+                except ValueError as exc:
+                    raise TransportError("unreachable", f"allocation {self.jobid} on {base}: {exc}",
+                                         (out.stderr + out.stdout[:4000]).decode("utf-8", "replace"))
             self.rows = [replace(t, name=f"{base}:{node}", slurm_step=(self.jobid, node))
                          for node in nodes]
         except TransportError as exc:
@@ -140,18 +158,35 @@ class SlurmAllocation:
         return self
 
     def release(self) -> None:
-        if self.jobid and self._login is not None:
-            from .hops import slurm
-            try:
-                self._login.run(slurm.scancel_argv(self.jobid), b"", time.monotonic() + 30)
-            except Exception:
-                pass
+        """``scancel`` the allocation; called once the run is over, in every outcome. While
+        salloc still waits in the queue (an interrupted run), the pending request is cancelled
+        by its job name: closing the SSH channel does not end a salloc that has no terminal."""
+        with self._lock:
+            self._released = True
+            requested = self._requested
+        if requested:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        from .hops import slurm
+        argv = slurm.scancel_argv(self.jobid) if self.jobid else slurm.scancel_name_argv(self.job_name)
+        try:
+            self._login.run(argv, b"", time.monotonic() + 30)
+        except Exception:
+            pass
 
 
-def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex) -> List[object]:
-    """Each Slurm login target becomes its allocation (made in parallel); others stay."""
-    pending = {i: ex.submit(SlurmAllocation(t, pool, job_for(t)).allocate)
-               for i, t in enumerate(targets) if t.slurm is not None and t.slurm_step is None}
+def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex,
+                  allocations: List["SlurmAllocation"]) -> List[object]:
+    """Each Slurm login target becomes its allocation (made in parallel); others stay.
+    Each allocation joins ``allocations`` before it is waited for, so an interrupt during
+    the queue wait still releases it."""
+    pending = {}
+    for i, t in enumerate(targets):
+        if t.slurm is not None and t.slurm_step is None:
+            allocation = SlurmAllocation(t, pool, job_for(t))
+            allocations.append(allocation)
+            pending[i] = ex.submit(allocation.allocate)
     return [pending[i].result() if i in pending else t for i, t in enumerate(targets)]
 
 
@@ -172,9 +207,8 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     try:
         # Slurm login targets become one row per node; a failed allocation is its own row.
         planned: List[Union[Target, Result]] = []
-        for item in _expand_slurm(targets, job_for, pool, ex):
+        for item in _expand_slurm(targets, job_for, pool, ex, allocations):
             if isinstance(item, SlurmAllocation):
-                allocations.append(item)
                 planned.extend([item.failure] if item.failure else item.rows)
             else:
                 planned.append(item)
@@ -204,6 +238,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
             if on_result:
                 on_result(result)
         return results
+    except KeyboardInterrupt:   # Ctrl-C, TERM, HUP: local children are told as remote ones are
+        local.stop_running()
+        raise
     finally:
         # On Ctrl-C: drop queued targets; closing the pool below ends the running ones
         # (their runtimes see stdin close and kill the diagnostics).

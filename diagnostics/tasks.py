@@ -7,7 +7,8 @@ from typing import Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
-from . import cli, jobs, render
+from . import cli, jobs, render, termination
+from .errors import EXIT_INTERRUPTED
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
 SHORT_FLAGS = {"host": "H", "group": "g"}
@@ -23,13 +24,24 @@ class MldiagTask(Task):
         super().__init__(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        """Never a raw traceback on the terminal: our own bugs are named, their traceback saved."""
+        """Never a raw traceback on the terminal: our own bugs are named, their traceback saved.
+        SIGTERM and SIGHUP end the run as Ctrl-C does, with exit 128 + signal (``termination``)."""
+        with termination.terminates_like_ctrl_c() as received:
+            return self._call_mapped(received, *args, **kwargs)
+
+    def _call_mapped(self, received, *args, **kwargs):
         try:
             return super().__call__(*args, **kwargs)
-        except Exit:
+        except Exit as exc:
+            signal = received.signal
+            if signal is not None and exc.code in (EXIT_INTERRUPTED, signal.exit_code):
+                # an engine that handled the interrupt itself (runbooks) says "interrupted"
+                message = (exc.message or "mldiag: interrupted").replace(
+                    "interrupted", termination.describe(signal), 1)
+                raise Exit(message, code=signal.exit_code) from None
             raise
-        except KeyboardInterrupt:
-            raise Exit("mldiag: interrupted", code=130)
+        except KeyboardInterrupt as exc:
+            raise Exit(f"mldiag: {termination.describe(exc)}", code=termination.exit_code_of(exc))
         except BrokenPipeError:  # `mldiag ... | head`: the reader left; that is not an error
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)

@@ -9,9 +9,10 @@ CONTRACT (other modules rely on these types):
     loads(text: str, path: str = "hosts.yaml") -> Topology     (same, from a string)
     Topology.select(hosts: Sequence[str], groups: Sequence[str]) -> List[Target]
     expand_selector("gpu[01-04],b200") -> names;  expand_nodeset(text) -> names;
-    fold_names(names) -> "b200,gpu[01-04]"    (ClusterShell node sets, ValueError when malformed)
+    fold_names(names) -> "b200,gpu[01-04]"    (``nodeset``'s, bounded; ValueError when malformed)
 
-Every validation error is an ``errors.InputError`` whose message reads
+The file is read by ``yamlfile`` (lines kept, duplicate keys refused, generic value checks);
+this module is the hosts schema on top of it. Every validation error is an ``errors.InputError`` whose message reads
 ``FILE:LINE: dotted.key: what was expected``.
 
 Choices where DESIGN.md is silent:
@@ -26,45 +27,33 @@ Choices where DESIGN.md is silent:
 - ``become: true`` means sudo and ``become: false`` turns an inherited sudo off.
 """
 
+import contextvars
 import difflib
-import math
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import yaml
-from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
+from . import nodeset
 from .errors import InputError
+from .yamlfile import SAFE_TOKEN  # noqa: F401 (the alphabet, re-exported with NAME, is_safe_token)
+from .yamlfile import (NAME, At, LineMapping, LineSequence, expect_argument, expect_boolean,
+                       expect_choice, expect_count, expect_mapping, expect_name, expect_port,
+                       expect_positive_count, expect_seconds, expect_shell_token, expect_string,
+                       is_number, is_safe_token, items_at, parse, show, unknown_key)
 
 RUNTIMES = ("pct", "docker", "podman", "lxc", "kubectl")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 BECOME_METHODS = ("sudo",)
 
-# Tokens that may appear on a remote command line (DESIGN.md §3 invariant 1): nothing any
-# login shell (sh, bash, zsh, fish, csh) treats specially, and no leading '=' or '~' (zsh
-# expands `=ls` and `~user` even unquoted by shlex) — neither character is in the alphabet.
-SAFE_TOKEN = re.compile(r"[A-Za-z0-9_@%+,./:-]+")
 
 
-def is_safe_token(token: str) -> bool:
-    return bool(SAFE_TOKEN.fullmatch(token))
-
-
-# Target, group and model names. They become --save file names and -H values: no '/',
-# no leading '.' or '-'; ':' is reserved for Slurm node rows (`cluster-a:n3`).
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-NAME_ALPHABET = "[A-Za-z0-9._-]"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
-METADATA_PREFIX = "x-"
 DEFAULT_HOSTS_FILE = "hosts.yaml"
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
-# ClusterShell builds every index of a node set in memory (~4 s per million), so
-# `n[1-999999999]` would hang: bound the size before expanding.
-MAX_NODES = 100_000
+# Node-set bounds (see nodeset.py): names per node set / selection / group / file's targets.
+MAX_NODES = nodeset.MAX_NODES
 # 1 MiB holds ~25,000 one-line hosts and parses in ~4 s; a larger file is a mistake
 # (a log or a dump named by accident), refused before it is parsed.
 MAX_FILE_BYTES = 2**20
@@ -149,13 +138,14 @@ class Topology:
         if not hosts and not groups:
             names = list(self.default_targets)
         else:
-            names = [n for value in hosts for n in self._named_targets(value)]
+            budget = nodeset.Budget(MAX_NODES, "the --host values")
+            names = [n for value in hosts for n in self._named_targets(value, budget)]
             names += [n for group in groups for n in self._group_members(group)]
         return [self.targets.get(name) or self._slurm_row(name) for name in _unique(names)]
 
-    def _named_targets(self, value: str) -> List[str]:
+    def _named_targets(self, value: str, budget: nodeset.Budget) -> List[str]:
         try:
-            names = expand_selector(value)
+            names = expand_selector(value, budget)
         except ValueError as exc:
             raise InputError(str(exc), key="--host") from None
         for name in names:
@@ -171,7 +161,7 @@ class Topology:
         if not sep or target is None or target.slurm is None or not nodes:
             return None
         try:
-            expanded = expand_nodeset(nodes)
+            expanded = nodeset.expand(nodes)
         except ValueError as exc:
             raise InputError(f"{name}: {exc}", key="--host") from None
         for node in expanded:
@@ -200,84 +190,59 @@ def load(path: Optional[str] = None) -> Topology:
 
 
 def loads(text: str, path: str = "hosts.yaml") -> Topology:
-    return _build(_parse_yaml(text, path), path)
+    document = parse(text, path, empty="empty hosts file (expected a mapping with hosts:)")
+    token = _file_budget.set(nodeset.Budget(nodeset.MAX_FILE_NAMES, "one hosts file"))
+    try:
+        return _build(document, path)
+    finally:
+        _file_budget.reset(token)
+
+
+# The names the hosts.yaml being read may still expand to (every node set and group reference
+# of one file counts against one budget; a validator cannot be handed it as an argument).
+_file_budget: "contextvars.ContextVar[Optional[nodeset.Budget]]" = contextvars.ContextVar(
+    "mldiag_hosts_file_budget", default=None)
 
 
 # ---------------------------------------------------------------------------- names and node sets
 
-def expand_selector(text: str) -> List[str]:
+def expand_selector(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
     """``"gpu[01-04],b200"`` → names in the order written (each node set in ClusterShell's
-    order). Names with ':' (Slurm node rows) are kept as they are. ValueError when malformed."""
+    order). Names with ':' (Slurm node rows) are kept as they are. ValueError when malformed,
+    when the whole selection could name more than ``MAX_NODES`` (counted before anything is
+    expanded), or past ``budget`` (the names still allowed to the input being read)."""
+    parts = [part.strip() for part in nodeset.split_top_level(text, ",")]
+    if not all(parts):
+        raise ValueError(f"empty name in {_excerpt(text)}")
+    plain = [":" in part or bool(NAME.fullmatch(part)) for part in parts]
+    # a Slurm row `cluster-a:n[1-4]` stands for its nodes: counted as them
+    bound = sum(nodeset.size_bound(part.partition(":")[2]) if ":" in part
+                else 1 if is_plain else nodeset.size_bound(part) for part, is_plain in zip(parts, plain))
+    if bound > MAX_NODES:
+        raise nodeset.TooManyNodes(f"{_excerpt(text)} names up to {bound} targets "
+                                   f"(at most {MAX_NODES})")
+    if budget is not None:
+        budget.spend(bound)
     names = []
-    for part in _split_top_level(text, ","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"empty name in {text!r}")
-        if ":" in part or NAME.fullmatch(part):
-            names.append(part)
-        else:
-            names.extend(expand_nodeset(part))
+    for part, is_plain in zip(parts, plain):
+        names.extend([part] if is_plain else nodeset.expand(part))
     return names
 
 
-def expand_nodeset(text: str) -> List[str]:
-    """ClusterShell's expansion of ``text`` (no @group lookups); ValueError when malformed."""
-    bound = _nodeset_size_bound(text)
-    if bound > MAX_NODES:
-        raise ValueError(f"node set {text!r} has up to {bound} nodes (at most {MAX_NODES})")
-    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
-    try:
-        nodes = list(NodeSet(text, resolver=RESOLVER_NOGROUP))
-    except NodeSetException as exc:
-        raise ValueError(f"invalid node set {text!r}: {exc}") from None
-    if not nodes:
-        raise ValueError(f"node set {text!r} is empty")
-    return nodes
+def expand_nodeset(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
+    """ClusterShell's expansion of ``text`` (no @group lookups), bounded (``nodeset``), counted
+    against ``budget`` or, while a hosts.yaml is read, that file's; ValueError when malformed."""
+    budget = budget or _file_budget.get()
+    return budget.expand(text) if budget is not None else nodeset.expand(text)
 
 
 def fold_names(names: Sequence[str]) -> str:
     """``gpu01, gpu02, b200`` → ``b200,gpu[01-02]`` (ClusterShell folding)."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
-    try:
-        return str(NodeSet.fromlist(list(names), resolver=RESOLVER_NOGROUP))
-    except NodeSetException:
-        return ",".join(names)
+    return nodeset.fold(names)
 
 
-def _nodeset_size_bound(text: str) -> int:
-    """At least as many nodes as ``text`` expands to, counted without expanding."""
-    total = 0
-    for pattern in _split_top_level(text, ",!&^ "):
-        size = 1
-        for ranges in re.findall(r"\[([^\[\]]*)\]", pattern):
-            size *= sum(_range_size(item) for item in ranges.split(","))
-        total += size
-    return total
-
-
-def _range_size(item: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?", item)
-    if not match or match.group(2) is None:
-        return 1
-    first, last, step = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
-    return max(last - first, 0) // max(step, 1) + 1
-
-
-def _split_top_level(text: str, separators: str) -> List[str]:
-    """Split at separators outside brackets: ``a[1,2],b`` → ``a[1,2]``, ``b``."""
-    parts, current, depth = [], [], 0
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth = max(depth - 1, 0)
-        if char in separators and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
+def _excerpt(text: str, width: int = 80) -> str:
+    return repr(text if len(text) <= width else text[:width] + "...")
 
 
 def _unique(names: Sequence[str]) -> List[str]:
@@ -295,113 +260,6 @@ def _hint(name: str, known: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------- reading YAML
-
-class _Mapping(dict):
-    """A YAML mapping that remembers its line, each key's line, and how each plain scalar
-    value was written (so ``id: 0200`` stays "0200")."""
-    line = 1
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.key_lines: Dict[Any, int] = {}
-        self.written: Dict[Any, str] = {}
-
-
-class _Sequence(list):
-    line = 1
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.item_lines: List[int] = []
-
-
-_YAML = "tag:yaml.org,2002:"
-# SafeLoader's int and float patterns without the YAML 1.1 base-60 forms (00:10:00 → 600).
-_YAML12_NUMBERS = {
-    _YAML + "int": re.compile(r"""^(?:[-+]?0b[0-1_]+
-        |[-+]?0[0-7_]+
-        |[-+]?(?:0|[1-9][0-9_]*)
-        |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
-    _YAML + "float": re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""", re.X),
-}
-
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """safe_load semantics; mappings and sequences come back as _Mapping / _Sequence."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, _YAML12_NUMBERS.get(tag, pattern)) for tag, pattern in resolvers]
-        for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
-    }
-
-    def construct_object(self, node, deep=False):
-        try:
-            return super().construct_object(node, deep)
-        except (yaml.YAMLError, RecursionError):
-            raise
-        except Exception as exc:  # `!!int abc` raises ValueError, `!!bool x` KeyError, ...
-            written = f"{node.value!r}" if isinstance(node, ScalarNode) else "this value"
-            raise ConstructorError(None, None, f"{written} is not a valid {node.tag}",
-                                   node.start_mark) from None
-
-    def construct_line_mapping(self, node):
-        mapping = _Mapping()
-        mapping.line = node.start_mark.line + 1
-        yield mapping
-        self.flatten_mapping(node)
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node)
-            try:
-                hash(key)
-            except TypeError:
-                raise ConstructorError("while constructing a mapping", node.start_mark,
-                                       "found unhashable key", key_node.start_mark) from None
-            mapping[key] = self.construct_object(value_node)
-            mapping.key_lines[key] = key_node.start_mark.line + 1
-            if isinstance(value_node, ScalarNode):
-                mapping.written[key] = value_node.value
-
-    def flatten_mapping(self, node):
-        """Resolve ``<<`` merge keys into ``node.value``: own keys win, then the earlier of
-        the merged mappings (YAML merge spec; PyYAML versions disagree on the order)."""
-        sources, own = [], []
-        for key_node, value_node in node.value:
-            if key_node.tag != _YAML + "merge":
-                own.append((key_node, value_node))
-                continue
-            for source in (value_node.value if isinstance(value_node, SequenceNode)
-                           else [value_node]):
-                if not isinstance(source, MappingNode):
-                    raise ConstructorError("while constructing a mapping", node.start_mark,
-                                           "expected a mapping or list of mappings for merging, "
-                                           f"but found {source.id}", source.start_mark)
-                self.flatten_mapping(source)
-                sources.append(source.value)
-        node.value = [pair for pairs in reversed(sources) for pair in pairs] + own
-
-    def construct_line_sequence(self, node):
-        sequence = _Sequence()
-        sequence.line = node.start_mark.line + 1
-        yield sequence
-        for item_node in node.value:
-            sequence.append(self.construct_object(item_node))
-            sequence.item_lines.append(item_node.start_mark.line + 1)
-
-    def construct_unknown_tag(self, node):
-        raise ConstructorError(None, None, f"tag {node.tag!r} is not allowed (plain YAML only)",
-                               node.start_mark)
-
-
-_Loader.add_constructor(_YAML + "map", _Loader.construct_line_mapping)
-_Loader.add_constructor(_YAML + "seq", _Loader.construct_line_sequence)
-_Loader.add_constructor(_YAML + "value", _Loader.construct_yaml_str)   # a bare `=` is text
-_Loader.add_constructor(None, _Loader.construct_unknown_tag)
-
 
 def _read_text(path: str) -> str:
     try:
@@ -427,321 +285,108 @@ def _read_text(path: str) -> str:
                          line=line) from None
 
 
-def _parse_yaml(text: str, path: str,
-                empty: str = "empty hosts file (expected a mapping with hosts:)") -> Any:
-    """The document as _Mapping/_Sequence/scalars; every YAML problem as an InputError."""
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        line = text.count("\n", 0, exc.start) + 1
-        raise InputError(f"invalid YAML: {exc.reason}", file=path, line=line) from None
-    loader = None
-    try:
-        loader = _Loader(data)
-        node = loader.get_single_node()
-        if node is None:
-            raise InputError(empty, file=path, line=1)
-        _check_keys(node, path)
-        return loader.construct_document(node)
-    except yaml.MarkedYAMLError as exc:
-        raise _yaml_error(exc, path) from None
-    except yaml.reader.ReaderError as exc:
-        character = f" (character #x{exc.character:04x})" if isinstance(exc.character, int) else ""
-        raise InputError(f"invalid YAML: {exc.reason}{character}", file=path,
-                         line=data.count(b"\n", 0, exc.position) + 1) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", file=path) from None
-    except RecursionError:
-        raise InputError("invalid YAML: nested too deeply", file=path) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def _yaml_error(exc: "yaml.MarkedYAMLError", path: str) -> InputError:
-    mark = exc.problem_mark or exc.context_mark
-    line = mark.line + 1 if mark is not None else None
-    message = exc.problem or exc.context or "malformed document"
-    if exc.problem and exc.context:
-        if not exc.context.startswith("while"):      # "expected a single document ..."
-            message = f"{exc.context}, {exc.problem}"
-        elif exc.context_mark is not None and exc.context_mark.line + 1 != line:
-            message += f" ({exc.context} at line {exc.context_mark.line + 1})"
-    return InputError(f"invalid YAML: {message}", file=path, line=line)
-
-
-def _check_keys(root, path: str) -> None:
-    """Refuse duplicate keys (PyYAML keeps the last silently; merged keys are overrides, not
-    duplicates) and drop ``x-*`` entries, which are never read, so are never constructed."""
-    seen = set()
-    pending = [(root, "")]
-    while pending:
-        node, where = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, SequenceNode):
-            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(node.value))
-        elif isinstance(node, MappingNode):
-            first_line: Dict[Tuple[str, str], int] = {}
-            for key_node, value_node in node.value:
-                if key_node.tag == _YAML + "merge":
-                    pending.append((value_node, where))
-                    continue
-                key = key_node.value if isinstance(key_node, ScalarNode) else "<complex key>"
-                key_path = f"{where}.{key}" if where else key
-                line = key_node.start_mark.line + 1
-                if isinstance(key_node, ScalarNode):
-                    identity = (key_node.tag, key_node.value)
-                    if identity in first_line:
-                        raise InputError(f"duplicate key (first at line {first_line[identity]})",
-                                         file=path, line=line, key=key_path)
-                    first_line[identity] = line
-                    if _is_metadata_key(key_node):
-                        continue
-                pending.append((value_node, key_path))
-            node.value = [(k, v) for k, v in node.value if not _is_metadata_key(k)]
-
-
-def _is_metadata_key(key_node) -> bool:
-    return (key_node.tag == _YAML + "str" and isinstance(key_node.value, str)
-            and key_node.value.startswith(METADATA_PREFIX))
-
-
 # ---------------------------------------------------------------------------- checking values
 
-@dataclass(frozen=True)
-class _At:
-    """Where a value is: file, line and dotted key, for error messages."""
-    file: str
-    line: int
-    key: str = ""
-
-    def child(self, key: Any, line: int) -> "_At":
-        return _At(self.file, line, f"{self.key}.{key}" if self.key else str(key))
-
-    def item(self, index: int, line: int) -> "_At":
-        return _At(self.file, line, f"{self.key}[{index}]")
-
-    def error(self, message: str) -> InputError:
-        return InputError(message, file=self.file, line=self.line, key=self.key or None)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "an empty value"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:76] + "..."
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _entries(mapping: _Mapping, at: _At) -> Iterator[Tuple[Any, Any, _At]]:
-    """(key, value, where) of a mapping, metadata keys (``x-*``) left out."""
-    for key, value in mapping.items():
-        if isinstance(key, str) and key.startswith(METADATA_PREFIX):
-            continue
-        yield key, value, at.child(key, mapping.key_lines.get(key, mapping.line))
-
-
-def _mapping(value: Any, at: _At) -> _Mapping:
-    """A mapping; an empty value counts as an empty mapping."""
-    if value is None:
-        empty = _Mapping()
-        empty.line = at.line
-        return empty
-    if not isinstance(value, _Mapping):
-        raise at.error(f"expected a mapping, got {_show(value)}")
-    return value
-
-
-def _string(value: Any, at: _At, what: str = "a string") -> str:
-    if not isinstance(value, str) or not value:
-        raise at.error(f"expected {what}, got {_show(value)}")
-    return value
-
-
-def _shell_token(value: Any, at: _At) -> str:
-    token = _string(value, at)
-    if not is_safe_token(token):
-        raise at.error(f"{_show(token)} contains characters outside [A-Za-z0-9_@%+,./:-] "
-                       "(shell metacharacters are not allowed here)")
-    return token
-
-
-def _argument(value: Any, at: _At) -> str:
-    """A token that lands on a command line as an argument: safe, and not read as an option."""
-    token = _shell_token(value, at)
-    if token.startswith("-"):
-        raise at.error(f"{_show(token)} must not start with '-' (it would be read as an option)")
-    return token
-
-
-def _name(value: Any, at: _At) -> str:
-    name = _string(value, at, "a name")
-    if not NAME.fullmatch(name):
-        raise at.error(f"{_show(name)} is not a valid name: use only {NAME_ALPHABET}, not starting "
-                       "with '.' or '-' (':' is reserved for Slurm node rows like cluster-a:n3)")
-    return name
-
-
-def _address(value: Any, at: _At) -> str:
-    address = _argument(value, at)
+def _address(value: Any, at: At) -> str:
+    address = expect_argument(value, at)
     if "@" in address:
-        raise at.error(f"{_show(address)}: give the user as user:, not in the address")
+        raise at.error(f"{show(address)}: give the user as user:, not in the address")
     return address
 
 
-def _integer(value: Any, at: _At, minimum: int, maximum: Optional[int] = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise at.error(f"expected an integer, got {_show(value)}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
-        raise at.error(f"expected an integer {bounds}, got {value}")
-    return value
-
-
-def _port(value: Any, at: _At) -> int:
-    return _integer(value, at, 1, 65535)
-
-
-def _count(value: Any, at: _At) -> int:
-    return _integer(value, at, 0)
-
-
-def _positive_count(value: Any, at: _At) -> int:
-    return _integer(value, at, 1)
-
-
-def _seconds(value: Any, at: _At) -> float:
-    seconds = math.nan
-    if _is_number(value):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            seconds = math.inf
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise at.error(f"expected a positive number of seconds, got {_show(value)}")
-    return seconds
-
-
-def _boolean(value: Any, at: _At) -> bool:
-    if not isinstance(value, bool):
-        raise at.error(f"expected true or false, got {_show(value)}")
-    return value
-
-
-def _choice(options: Sequence[str]) -> Callable[[Any, _At], str]:
-    def check(value: Any, at: _At) -> str:
-        if isinstance(value, str) and value in options:
-            return value
-        if isinstance(value, str):
-            raise at.error(f"{value!r} is not one of {', '.join(options)}")
-        raise at.error(f"expected one of {', '.join(options)}, got {_show(value)}")
-    return check
-
-
-def _become(value: Any, at: _At) -> Optional[str]:
+def _become(value: Any, at: At) -> Optional[str]:
     if isinstance(value, bool):
         return BECOME_METHODS[0] if value else None
-    return _choice(BECOME_METHODS)(value, at)
+    return expect_choice(BECOME_METHODS)(value, at)
 
 
-def _identity_file(value: Any, at: _At) -> str:
+def _identity_file(value: Any, at: At) -> str:
     # A local path read by the client, never put on a remote command line: '~' is fine.
-    path = _string(value, at, "a file path")
+    path = expect_string(value, at, "a file path")
     if "\0" in path or "\n" in path:
-        raise at.error(f"{_show(path)} is not a file path")
+        raise at.error(f"{show(path)} is not a file path")
     return path
 
 
-def _directory(value: Any, at: _At) -> str:
+def _directory(value: Any, at: At) -> str:
     """An absolute directory on the target (travels in the bundle's header, never on a command line)."""
-    path = _shell_token(value, at)
+    path = expect_shell_token(value, at)
     if not path.startswith("/"):
-        raise at.error(f"expected an absolute path, got {_show(path)}")
+        raise at.error(f"expected an absolute path, got {show(path)}")
     return path
 
 
-def _activate(value: Any, at: _At) -> Tuple[str, ...]:
+def _activate(value: Any, at: At) -> Tuple[str, ...]:
     if not isinstance(value, str):
-        raise at.error(f"expected a string of words, got {_show(value)}")
+        raise at.error(f"expected a string of words, got {show(value)}")
     words = tuple(value.split())   # "" turns an inherited activate off
     for word in words:
         if not is_safe_token(word):
-            raise at.error(f"word {_show(word)} contains characters outside [A-Za-z0-9_@%+,./:-] "
+            raise at.error(f"word {show(word)} contains characters outside [A-Za-z0-9_@%+,./:-] "
                            "(shell metacharacters are not allowed here)")
     return words
 
 
-def _env(value: Any, at: _At) -> Dict[str, str]:
+def _env(value: Any, at: At) -> Dict[str, str]:
     env = {}
-    mapping = _mapping(value, at)
-    for name, setting, where in _entries(mapping, at):
+    mapping = expect_mapping(value, at)
+    for name, setting, where in items_at(mapping, at):
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise where.error(f"{_show(name)} is not an environment variable name "
+            raise where.error(f"{show(name)} is not an environment variable name "
                               "([A-Za-z_][A-Za-z0-9_]*)")
-        if _is_number(setting):
+        if is_number(setting):
             setting = mapping.written.get(name, str(setting))
         if not isinstance(setting, str):
-            raise where.error(f"expected a string or a number, got {_show(setting)} "
+            raise where.error(f"expected a string or a number, got {show(setting)} "
                               "(quote it to pass it as text)")
         env[name] = setting
     return env
 
 
-def _models(value: Any, at: _At) -> Tuple[Tuple[str, str], ...]:
+def _models(value: Any, at: At) -> Tuple[Tuple[str, str], ...]:
     models = []
-    for name, model_path, where in _entries(_mapping(value, at), at):
-        models.append((_name(name, where), _string(model_path, where, "a model path")))
+    for name, model_path, where in items_at(expect_mapping(value, at), at):
+        models.append((expect_name(name, where), expect_string(model_path, where, "a model path")))
     return tuple(models)
 
 
-def _slurm_time(value: Any, at: _At) -> str:
+def _slurm_time(value: Any, at: At) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)  # minutes, as sbatch --time reads a bare number
-    text = _string(value, at, 'a Slurm time such as "00:10:00"')
+    text = expect_string(value, at, 'a Slurm time such as "00:10:00"')
     if not SLURM_TIME.fullmatch(text):
-        raise at.error(f'{_show(text)} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS)')
+        raise at.error(f'{show(text)} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS)')
     return text
 
 
-def _nodelist(value: Any, at: _At) -> str:
+def _nodelist(value: Any, at: At) -> str:
     """A node set, kept as written; brackets glob in shells, so only the expanded names
     (which are checked here) may reach a command line."""
-    text = _string(value, at, "a node set")
+    text = expect_string(value, at, "a node set")
     try:
         nodes = expand_nodeset(text)
     except ValueError as exc:
         raise at.error(str(exc)) from None
     for node in nodes:
         if not is_safe_token(node) or node.startswith("-"):
-            raise at.error(f"node {_show(node)} contains characters outside [A-Za-z0-9_@%+,./:-] "
+            raise at.error(f"node {show(node)} contains characters outside [A-Za-z0-9_@%+,./:-] "
                            "(shell metacharacters are not allowed here)")
     return text
 
 
-def _keep(value: Any, at: _At) -> Any:
+def _keep(value: Any, at: At) -> Any:
     return value
 
 
-_CHECKS: Dict[str, Callable[[Any, _At], Any]] = {
-    "user": _argument, "port": _port, "python": _argument, "tmpdir": _directory, "timeout": _seconds,
-    "connect_timeout": _seconds, "identity_file": _identity_file,
-    "host_key_policy": _choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
-    "activate": _activate, "address": _string, "jump": _name, "local": _boolean,
-    "models": _models, "gpus": _count, "runtime": _choice(RUNTIMES), "id": _argument,
-    "namespace": _argument, "container": _argument, "exec_user": _argument,
-    "partition": _argument, "nodes": _positive_count, "gpus_per_node": _count,
-    "time": _slurm_time, "account": _argument, "nodelist": _nodelist,
+_CHECKS: Dict[str, Callable[[Any, At], Any]] = {
+    "user": expect_argument, "port": expect_port, "python": expect_argument, "tmpdir": _directory, "timeout": expect_seconds,
+    "connect_timeout": expect_seconds, "identity_file": _identity_file,
+    "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
+    "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,
+    "models": _models, "gpus": expect_count, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
+    "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
+    "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
+    "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
     "defaults": _keep, "hosts": _keep, "groups": _keep, "targets": _keep,
     "containers": _keep, "slurm": _keep, "runbooks": _keep,
 }
@@ -765,29 +410,22 @@ INHERITED_KEYS = RUN_KEYS + ("models", "gpus")
 @dataclass(frozen=True)
 class _Fields:
     """Checked values of one mapping (defaults, a host, a container), with where each was."""
-    at: _At
+    at: At
     values: Dict[str, Any]
-    places: Dict[str, _At]
+    places: Dict[str, At]
 
 
-def _read_fields(value: Any, at: _At, allowed: Sequence[str]) -> _Fields:
-    mapping = _mapping(value, at)
+def _read_fields(value: Any, at: At, allowed: Sequence[str]) -> _Fields:
+    mapping = expect_mapping(value, at)
     values, places = {}, {}
-    for key, setting, where in _entries(mapping, at):
+    for key, setting, where in items_at(mapping, at):
         if key not in allowed:
-            raise where.error(_unknown_key(key, allowed))
-        if key in _WRITTEN_AS_TEXT and _is_number(setting):
+            raise where.error(unknown_key(key, allowed))
+        if key in _WRITTEN_AS_TEXT and is_number(setting):
             setting = mapping.written.get(key, str(setting))
         values[key] = _CHECKS[key](setting, where)
         places[key] = where
     return _Fields(at, values, places)
-
-
-def _unknown_key(key: Any, allowed: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(key), list(allowed), n=1)
-    if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
-    return f"unknown key (expected one of {', '.join(allowed)}, or x-* for metadata)"
 
 
 # ---------------------------------------------------------------------------- hosts and containers
@@ -795,7 +433,7 @@ def _unknown_key(key: Any, allowed: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class _ContainerEntry:
     name: str
-    at: _At
+    at: At
     fields: _Fields
     container: Container
 
@@ -805,7 +443,7 @@ class _HostEntry:
     """One host of ``hosts:`` after node-range expansion."""
     name: str
     address: Optional[str]
-    at: _At              # the key in hosts: (shared by a range's hosts)
+    at: At              # the key in hosts: (shared by a range's hosts)
     fields: _Fields
     containers: Tuple[_ContainerEntry, ...]
     slurm: Optional[Slurm]
@@ -815,9 +453,9 @@ class _HostEntry:
         return bool(self.fields.values.get("local"))
 
 
-def _read_hosts(value: Any, at: _At) -> List[_HostEntry]:
+def _read_hosts(value: Any, at: At) -> List[_HostEntry]:
     entries = []
-    for key, spec, key_at in _entries(_mapping(value, at), at):
+    for key, spec, key_at in items_at(expect_mapping(value, at), at):
         names = _host_names(key, key_at)
         fields = _read_fields(spec, key_at, HOST_KEYS)
         if fields.values.get("local"):
@@ -827,25 +465,27 @@ def _read_hosts(value: Any, at: _At) -> List[_HostEntry]:
                 f"a node range ({len(names)} hosts) cannot have containers: container names "
                 "are target names and must be unique")
         containers, slurm = tuple(_read_containers(fields)), _read_slurm(fields)
+        if len(entries) + len(names) > MAX_NODES:
+            raise key_at.error(f"more than {MAX_NODES} hosts in one hosts file")
         for name, address in zip(names, _addresses(fields, names, key)):
             entries.append(_HostEntry(name, address, key_at, fields, containers, slurm))
     return entries
 
 
-def _host_names(key: Any, at: _At) -> List[str]:
+def _host_names(key: Any, at: At) -> List[str]:
     """A host key is one name or a node set of names (``gpu[01-16]``)."""
     if isinstance(key, str) and NAME.fullmatch(key):
         return [key]
     try:
-        names = expand_nodeset(_string(key, at, "a host name"))
+        names = expand_nodeset(expect_string(key, at, "a host name"))
     except ValueError as exc:
         raise at.error(str(exc)) from None
     for name in names:
-        _name(name, at)
+        expect_name(name, at)
     return names
 
 
-def _check_local_host(fields: _Fields, names: List[str], at: _At) -> None:
+def _check_local_host(fields: _Fields, names: List[str], at: At) -> None:
     for key in CONNECTION_KEYS:
         if key in fields.values:
             raise fields.places[key].error("not allowed on a local host (local: true runs "
@@ -878,8 +518,8 @@ def _addresses(fields: _Fields, names: List[str], key: Any) -> List[Optional[str
 def _read_containers(fields: _Fields) -> List[_ContainerEntry]:
     at = fields.places.get("containers", fields.at)
     entries = []
-    for name, spec, name_at in _entries(_mapping(fields.values.get("containers"), at), at):
-        _name(name, name_at)
+    for name, spec, name_at in items_at(expect_mapping(fields.values.get("containers"), at), at):
+        expect_name(name, name_at)
         container_fields = _read_fields(spec, name_at, CONTAINER_KEYS)
         entries.append(_ContainerEntry(name, name_at, container_fields,
                                        _container(container_fields)))
@@ -898,7 +538,7 @@ def _container(fields: _Fields) -> Container:
             raise fields.places[key].error(f"only for runtime kubectl (this one is {runtime})")
     if runtime == "pct" and not values["id"].isdigit():
         raise fields.places["id"].error(f"expected a numeric VMID for runtime pct, "
-                                        f"got {_show(values['id'])}")
+                                        f"got {show(values['id'])}")
     return Container(runtime=runtime, id=values["id"], namespace=values.get("namespace"),
                      container=values.get("container"), exec_user=values.get("exec_user"))
 
@@ -973,7 +613,7 @@ def _inherit(*levels: Dict[str, Any]) -> Dict[str, Any]:
     return merged
 
 
-def _target(name: str, settings: Dict[str, Any], source: _At, **placement: Any) -> Target:
+def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -> Target:
     return Target(name=name, python=settings.get("python", "python3"),
                   activate=settings.get("activate", ()),
                   env=tuple(settings.get("env", {}).items()),
@@ -990,16 +630,16 @@ def _become_for(entry: _HostEntry, defaults: _Fields) -> Optional[str]:
 
 # ---------------------------------------------------------------------------- groups and targets
 
-def _register(names: Dict[str, _At], name: str, at: _At) -> None:
+def _register(names: Dict[str, At], name: str, at: At) -> None:
     if name in names:
         raise at.error(f"duplicate target name {name!r} (first defined at line {names[name].line})")
     names[name] = at
 
 
-def _resolve_groups(value: Any, at: _At, targets: Dict[str, Target]) -> Dict[str, Tuple[str, ...]]:
-    members_of: Dict[str, List[Tuple[Any, _At]]] = {}
-    for name, members, where in _entries(_mapping(value, at), at):
-        _name(name, where)
+def _resolve_groups(value: Any, at: At, targets: Dict[str, Target]) -> Dict[str, Tuple[str, ...]]:
+    members_of: Dict[str, List[Tuple[Any, At]]] = {}
+    for name, members, where in items_at(expect_mapping(value, at), at):
+        expect_name(name, where)
         if name in targets:
             raise where.error(f"group name {name!r} is also a target name")
         members_of[name] = _members(members, where)
@@ -1020,25 +660,25 @@ def _resolve_groups(value: Any, at: _At, targets: Dict[str, Target]) -> Dict[str
     return resolved
 
 
-def _members(value: Any, at: _At) -> List[Tuple[Any, _At]]:
+def _members(value: Any, at: At) -> List[Tuple[Any, At]]:
     """A list of members, or one string (which may be a comma list or a node set)."""
     if value is None:
         return []
-    if isinstance(value, _Sequence):
+    if isinstance(value, LineSequence):
         return [(member, at.item(i, line))
                 for i, (member, line) in enumerate(zip(value, value.item_lines))]
     if isinstance(value, str):
         return [(value, at)]
-    raise at.error(f"expected a list of target or group names, got {_show(value)}")
+    raise at.error(f"expected a list of target or group names, got {show(value)}")
 
 
-def _expand_member(member: Any, at: _At, targets: Dict[str, Target], groups: Dict[str, Any],
+def _expand_member(member: Any, at: At, targets: Dict[str, Target], groups: Dict[str, Any],
                    expand_group: Callable[[str], Tuple[str, ...]],
                    visiting: Sequence[str]) -> List[str]:
     """A group member or defaults.targets entry: names, node sets and groups → target names."""
-    text = _string(member, at, "a target or group name")
+    text = expect_string(member, at, "a target or group name")
     try:
-        names = expand_selector(text)
+        names = expand_selector(text, _file_budget.get())
     except ValueError as exc:
         raise at.error(str(exc)) from None
     expanded: List[str] = []
@@ -1047,7 +687,14 @@ def _expand_member(member: Any, at: _At, targets: Dict[str, Target], groups: Dic
             raise at.error("group cycle: " + " → ".join(
                 list(visiting[visiting.index(name):]) + [name]))
         if name in groups:
-            expanded += expand_group(name)
+            members = expand_group(name)
+            budget = _file_budget.get()
+            try:   # each reference costs its size: `[g, g, g, ...]` must not multiply freely
+                if budget is not None:
+                    budget.spend(len(members))
+            except ValueError as exc:
+                raise at.error(str(exc)) from None
+            expanded += members
         elif name in targets:
             expanded.append(name)
         else:
@@ -1078,23 +725,23 @@ def _runbook_dirs(top: _Fields, path: str) -> Tuple[Tuple[str, str, int], ...]:
         return ()
     value, where = top.values["runbooks"], top.places["runbooks"]
     items = ([(v, where.item(i, line)) for i, (v, line) in enumerate(zip(value, value.item_lines))]
-             if isinstance(value, _Sequence) else [(value, where)])
+             if isinstance(value, LineSequence) else [(value, where)])
     base = os.path.dirname(os.path.abspath(path))
-    return tuple((os.path.join(base, os.path.expanduser(_string(item, at, "a directory"))),
+    return tuple((os.path.join(base, os.path.expanduser(expect_string(item, at, "a directory"))),
                   at.file, at.line) for item, at in items)
 
 
 def _build(document: Any, path: str) -> Topology:
-    if not isinstance(document, _Mapping):
-        raise InputError(f"expected a mapping with hosts:, got {_show(document)}", file=path,
+    if not isinstance(document, LineMapping):
+        raise InputError(f"expected a mapping with hosts:, got {show(document)}", file=path,
                          line=getattr(document, "line", 1))
-    top = _read_fields(document, _At(path, document.line), TOP_KEYS)
+    top = _read_fields(document, At(path, document.line), TOP_KEYS)
     defaults = _read_fields(top.values.get("defaults"),
                             top.places.get("defaults", top.at.child("defaults", 1)), DEFAULTS_KEYS)
     hosts_at = top.places.get("hosts", top.at.child("hosts", 1))
     entries = _read_hosts(top.values.get("hosts"), hosts_at)
 
-    defined: Dict[str, _At] = {}
+    defined: Dict[str, At] = {}
     for entry in entries:
         _register(defined, entry.name, entry.at)
         for container in entry.containers:
@@ -1103,7 +750,7 @@ def _build(document: Any, path: str) -> Topology:
 
     targets: Dict[str, Target] = {}
     if "local" not in defined:
-        targets["local"] = _target("local", _inherit(defaults.values), _At("<embedded>", 0),
+        targets["local"] = _target("local", _inherit(defaults.values), At("<embedded>", 0),
                                    local=True)
     for entry in entries:
         host_settings = _inherit(defaults.values, entry.fields.values)

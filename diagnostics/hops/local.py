@@ -4,12 +4,29 @@ import os
 import selectors
 import shlex
 import subprocess
+import threading
 import time
-from typing import Sequence
+from typing import Sequence, Set
 
 from .. import wire
 from .base import (ProcessOutput, StreamCapture, descriptors_error, out_of_descriptors,
                    record_command)
+
+
+# One event per local child running now; set by stop_running() (an interrupted run).
+_running: Set[threading.Event] = set()
+_running_lock = threading.Lock()
+
+
+def stop_running() -> None:
+    """Tell every local child running now that the client is going away: its stdin is closed,
+    which the runtime takes as the signal to kill its diagnostic and leave (what closing the
+    SSH connections does for remote targets; a local child is in its own session, so a
+    Ctrl-C on the terminal never reaches it)."""
+    with _running_lock:
+        events = list(_running)
+    for event in events:
+        event.set()
 
 
 class LocalTransport:
@@ -29,9 +46,14 @@ class LocalTransport:
             if out_of_descriptors(exc):
                 raise descriptors_error(f"cannot start {argv[0]}") from None
             return ProcessOutput(b"", f"{argv[0]}: {exc.strerror}".encode(), 127)
+        stop = threading.Event()
+        with _running_lock:
+            _running.add(stop)
         try:
-            return _pump(proc, payload, deadline)
+            return _pump(proc, payload, deadline, stop)
         finally:
+            with _running_lock:
+                _running.discard(stop)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     stream.close()
@@ -50,9 +72,10 @@ class LocalTransport:
         pass
 
 
-def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
+def _pump(proc, payload: bytes, deadline: float, stop: threading.Event) -> ProcessOutput:
     """Write the payload and read both streams, never blocking past ``deadline`` (a child that
-    never reads its stdin costs the deadline, not a hang); each stream is kept bounded."""
+    never reads its stdin costs the deadline, not a hang); each stream is kept bounded.
+    ``stop`` set (an interrupted run) closes the child's stdin: its runtime then stops."""
     out = StreamCapture(wire.STDOUT_HEAD, wire.STDOUT_TAIL)
     err = StreamCapture(wire.STDERR_HEAD, wire.STDERR_TAIL)
 
@@ -64,12 +87,18 @@ def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
     try:
         os.set_blocking(proc.stdin.fileno(), False)
         view = memoryview(payload)
-        if view:
+        writing = bool(view)
+        if writing:
             sel.register(proc.stdin, selectors.EVENT_WRITE)
         sel.register(proc.stdout, selectors.EVENT_READ, out)
         sel.register(proc.stderr, selectors.EVENT_READ, err)
         readers = 2
         while readers:
+            if stop.is_set() and not proc.stdin.closed:
+                if writing:
+                    sel.unregister(proc.stdin)
+                    writing = False
+                proc.stdin.close()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return output(timed_out=True)
@@ -84,6 +113,7 @@ def _pump(proc, payload: bytes, deadline: float) -> ProcessOutput:
                     view = view[n:]
                     if not view:
                         sel.unregister(proc.stdin)
+                        writing = False
                     continue
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if chunk:

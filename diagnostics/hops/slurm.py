@@ -7,15 +7,19 @@ host's one SSH connection:
 2. one ``srun --jobid J -w NODE --overlap`` step per node streams the bundle through stdin
    to that node — compute nodes need not share the login node's /tmp — so a dead node fails
    its own step while the others report (one ``srun -N4`` step would fail as a whole);
-3. ``scancel J`` in every outcome.
+3. ``scancel J`` in every outcome; interrupted while salloc still waits in the queue,
+   ``scancel --name`` with the allocation's own job name (a salloc without a terminal is not
+   ended by its SSH channel closing).
 Timeouts are enforced on the node by the runtime and by the client: srun's ``-t`` is only
 checked about once a minute.
 """
 
 import re
+import secrets
 from typing import List, Optional, Sequence
 
-from ..topology import Slurm
+from .. import nodeset
+from ..topology import NAME, Slurm
 from .base import Classification, Wrapper, find_line
 
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
@@ -25,13 +29,32 @@ def node_names(slurm: Slurm) -> Optional[List[str]]:
     """The nodelist of hosts.yaml, expanded (brackets never reach a command line)."""
     if not slurm.nodelist:
         return None
-    from ClusterShell.NodeSet import NodeSet
-    return list(NodeSet(slurm.nodelist))
+    return nodeset.expand(slurm.nodelist)
 
 
-def salloc_argv(slurm: Slurm, queue_timeout: float) -> List[str]:
+def allocated_nodes(squeue_output: str) -> List[str]:
+    """The node names of ``squeue -o %N``'s answer: what a login node says is untrusted, so its
+    size is bounded before expanding and every name must be a plain token (it becomes ``-w``).
+    ValueError otherwise."""
+    text = squeue_output.strip()
+    nodes = nodeset.expand(text) if text else []
+    if not nodes:
+        raise ValueError("squeue named no nodes for the allocation")
+    for node in nodes:
+        if not NAME.fullmatch(node):
+            raise ValueError(f"squeue named node {node[:80]!r}, not a plain node name")
+    return nodes
+
+
+def job_name() -> str:
+    """``mldiag-<12 hex>``: one allocation's own name, so that a request still pending can be
+    cancelled (``scancel --name``) without touching any other job of the user."""
+    return f"mldiag-{secrets.token_hex(6)}"
+
+
+def salloc_argv(slurm: Slurm, queue_timeout: float, name: str = "mldiag") -> List[str]:
     nodes = node_names(slurm)
-    argv = ["salloc", "--no-shell", "-J", "mldiag", "-N", str(len(nodes) if nodes else slurm.nodes),
+    argv = ["salloc", "--no-shell", "-J", name, "-N", str(len(nodes) if nodes else slurm.nodes),
             f"-I{max(1, int(queue_timeout))}"]
     if slurm.partition:
         argv += ["-p", slurm.partition]
@@ -57,6 +80,11 @@ def squeue_nodes_argv(jobid: str) -> List[str]:
 
 def scancel_argv(jobid: str) -> List[str]:
     return ["scancel", jobid]
+
+
+def scancel_name_argv(name: str) -> List[str]:
+    """Cancel the user's jobs named ``name`` (pending or running)."""
+    return ["scancel", "--name", name]
 
 
 class SrunStep(Wrapper):

@@ -13,9 +13,6 @@
   (the bootstrap constant aside), checked here, right before sending.
 """
 
-import base64
-import fcntl
-import hashlib
 import os
 import select
 import shlex
@@ -31,6 +28,7 @@ from .. import wire
 from ..topology import is_safe_token
 from .base import (ProcessOutput, StreamCapture, TransportError, concurrent_runs_allowed,
                    descriptors_error, first_line, out_of_descriptors, record_command)
+from .knownhosts import HostKeyRefused, trust_known_hosts
 from .sshconfig import Endpoint
 
 MAX_CHANNELS = 8
@@ -50,77 +48,6 @@ def join_checked(argv: Sequence[str]) -> str:
         if token != wire.BOOT and not is_safe_token(token):
             raise UnsafeCommand(f"refusing to send token {token!r}: outside the safe alphabet")
     return shlex.join(argv)
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class HostKeyUnknown(Exception):
-    pass
-
-
-class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse an unknown key (OpenSSH ``yes``/``ask``), or record it (``accept-new``/``no``)."""
-
-    _write_lock = threading.Lock()
-
-    def __init__(self, endpoint: Endpoint):
-        self.endpoint = endpoint
-
-    def missing_host_key(self, client, hostname, key):
-        ep = self.endpoint
-        if ep.strict == "yes":
-            where = ep.known_hosts[0] if ep.known_hosts else "~/.ssh/known_hosts"
-            port = f"-p {ep.port} " if ep.port != 22 else ""
-            raise HostKeyUnknown(
-                f"host key for {ep.known_hosts_name} is not known ({key.get_name()} {fingerprint(key)}); "
-                f"verify it, then trust it with: ssh-keyscan {port}{ep.hostname} >> {where} "
-                f"(or set host_key_policy: accept-new for this host)")
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        if ep.known_hosts:
-            path = ep.known_hosts[0]
-            line = f"{ep.known_hosts_name} {key.get_name()} {key.get_base64()}\n"
-            with self._write_lock:
-                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-                with open(path, "a") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX)
-                    f.write(line)
-
-
-_known_hosts_cache: Dict[tuple, paramiko.HostKeys] = {}
-_known_hosts_lock = threading.Lock()
-
-
-def _known_hosts(paths: Sequence[str]) -> paramiko.HostKeys:
-    """The merged known_hosts of ``paths``, parsed once per process and file version (paramiko's
-    parse of hashed entries is costly; many targets share one file)."""
-    stamp = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        stamp.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
-    key = tuple(stamp)
-    with _known_hosts_lock:
-        keys = _known_hosts_cache.get(key)
-        if keys is None:
-            keys = paramiko.HostKeys()
-            for path, *_ in stamp:
-                try:
-                    keys.load(path)
-                except (OSError, paramiko.SSHException):
-                    continue
-            _known_hosts_cache[key] = keys
-        return keys
-
-
-def _load_known_hosts(client: paramiko.SSHClient, ep: Endpoint) -> None:
-    client._system_host_keys = _known_hosts(ep.known_hosts + ep.global_known_hosts)   # replaces Fabric's ~/.ssh load
-    client._host_keys = paramiko.HostKeys()
-    client.set_missing_host_key_policy(KnownHostsPolicy(ep))
 
 
 class _QuickAckSocket:
@@ -413,19 +340,12 @@ class SshPool:
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
         conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port, config=config,
                                  connect_timeout=ep.connect_timeout, connect_kwargs=connect_kwargs)
-        _load_known_hosts(conn.client, ep)
+        trust_known_hosts(conn, ep)
         where = f"{ep.user}@{ep.known_hosts_name}"
         try:
             conn.open()
-        except HostKeyUnknown as exc:
+        except HostKeyRefused as exc:
             raise TransportError("hostkey", str(exc))
-        except paramiko.BadHostKeyException as exc:
-            raise TransportError("hostkey", (
-                f"REMOTE HOST IDENTIFICATION HAS CHANGED for {ep.known_hosts_name}: it offered "
-                f"{exc.key.get_name()} {fingerprint(exc.key)}, known_hosts has "
-                f"{fingerprint(exc.expected_key)}. Someone could be eavesdropping, or the host was "
-                f"reinstalled; if you trust the change, remove the old key with: "
-                f"ssh-keygen -R '{ep.known_hosts_name}'"))
         except paramiko.AuthenticationException as exc:
             tried = ", ".join(ep.identity_files) or "no identity files"
             raise TransportError("auth", f"authentication refused for {where} ({exc}; tried {tried})")

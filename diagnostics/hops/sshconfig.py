@@ -34,6 +34,7 @@ class Endpoint:
     connect_timeout: float
     jump: Optional["Endpoint"] = None
     proxy_command: Optional[str] = None
+    hash_known_hosts: bool = False     # ssh_config HashKnownHosts: accept-new writes hashed names
 
     @property
     def key(self) -> tuple:
@@ -190,4 +191,5 @@ def _endpoint(label, g, port, user, identity_file, policy, connect_timeout, jump
     return Endpoint(label=label, hostname=hostname, port=port, user=user,
                     identity_files=identities, known_hosts=known, global_known_hosts=global_known,
                     strict=_strict(policy, g), connect_timeout=float(connect_timeout),
-                    jump=jump, proxy_command=proxy)
+                    jump=jump, proxy_command=proxy,
+                    hash_known_hosts=(_one(g, "hashknownhosts") or "no").lower() == "yes")

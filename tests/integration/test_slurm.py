@@ -3,6 +3,7 @@ a private /tmp): login host `main` over SSH → one srun step per node → the r
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,82 @@ def test_node_health_runbook_on_a_slurm_cluster(lab, hosts_file, tmp_path):
     assert [s["kind"] for s in xid["skipped"]] == ["param"], xid["skipped"]
     assert (tmp_path / "out" / "report.md").read_text().startswith("# Runbook `node-health`")
     assert jobs_of_mlsh(lab) == []
+
+
+def steps_of_mlsh(lab):
+    out = lab.ssh("main", "squeue", "-h", "-s", "-u", "mlsh", "-o", "%i")
+    return [s for s in out.stdout.split() if "." in s and not s.endswith((".extern", ".batch"))]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_term_and_hup_cancel_the_allocation(lab, hosts_file, tmp_path, sig, code):
+    """A CI timeout (TERM) or a closed terminal (HUP) while every node runs its step: the
+    allocation is cancelled, as after Ctrl-C, and the exit code is 128 + signal."""
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    save = tmp_path / "saved"
+    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--hosts-file", str(hosts_file),
+                                      "-H", "cluster-a", "--save", str(save), "--timeout", "300"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 60
+        while len(steps_of_mlsh(lab)) < 4:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "no allocation with 4 running steps within 60 s"
+            time.sleep(0.5)
+        assert len(jobs_of_mlsh(lab)) == 1
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err.startswith(f"mldiag: terminated ({signal.Signals(sig).name}) (0 of 1 targets "), err
+    summary = json.loads((save / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit_code"] == code
+    end = time.monotonic() + 15       # a cancelled job may show as completing for a moment
+    while jobs_of_mlsh(lab) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert jobs_of_mlsh(lab) == []
+
+
+def test_term_while_the_allocation_waits_in_the_queue_leaves_no_job(lab, hosts_file):
+    """TERM while salloc still waits (every node held by another job): the pending request
+    goes too, and so does an allocation granted just as the run ends."""
+    blocker = lab.ssh("main", "salloc --no-shell --exclusive -N4 -J blocker -t 5")
+    jobid = slurm_granted(blocker.stderr + blocker.stdout)
+    try:
+        proc = subprocess.Popen(MLDIAG + ["ping", "--hosts-file", str(hosts_file), "-H", "cluster-a"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            end = time.monotonic() + 60
+            while not mldiag_jobs(lab):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < end, "mldiag's salloc never queued"
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 143, (proc.returncode, err)
+        assert err.startswith("mldiag: terminated (SIGTERM)"), err
+        end = time.monotonic() + 15
+        while mldiag_jobs(lab) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert mldiag_jobs(lab) == []
+    finally:
+        lab.ssh("main", "scancel", jobid)
+
+
+def slurm_granted(text):
+    match = re.search(r"Granted job allocation (\d+)", text)
+    assert match, text
+    return match.group(1)
+
+
+def mldiag_jobs(lab):
+    names = lab.ssh("main", "squeue", "-h", "-u", "mlsh", "-o", "%j").stdout.split()
+    return [name for name in names if name.startswith("mldiag")]

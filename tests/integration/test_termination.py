@@ -1,0 +1,106 @@
+"""SIGTERM and SIGHUP end a run as Ctrl-C does (issue 10 item 10): what arrived is saved,
+summary.json says interrupted, the diagnostics still running are stopped, exit 128 + signal.
+Local targets only here (no lab needed); the Slurm cases are in test_slurm.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+
+
+def wait_for(check, seconds, what):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def marked(marker):
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129),
+                                      (signal.SIGINT, 130)])
+def test_a_signal_ends_a_local_run_like_ctrl_c(tmp_path, sig, code):
+    marker = f"mldiag-term-{uuid.uuid4().hex[:8]}"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  fast: {local: true}\n  slow: {local: true}\n")
+    script = tmp_path / "sleepy.py"
+    script.write_text("import os, subprocess, sys\n"
+                      "if os.environ['MLDIAG_TARGET'] == 'slow':\n"
+                      "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n"
+                      "print('done')\n")
+    save = tmp_path / "saved"
+    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--arg", marker, "--hosts-file",
+                                      str(hosts), "-H", "fast,slow", "--save", str(save)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (save / "fast.json").exists() and marked(marker), 60,
+                 "fast saved and slow running")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (proc.returncode, err)
+    name = "interrupted" if sig == signal.SIGINT else f"terminated ({signal.Signals(sig).name})"
+    assert err == f"mldiag: {name} (1 of 2 targets finished, saved in {save})\n"
+    summary = json.loads((save / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit_code"] == code
+    assert summary["targets"] == {"fast": "ok"} and summary["not_finished"] == ["slow"]
+    wait_for(lambda: not marked(marker), 10, "the slow diagnostic to be stopped")
+
+
+def test_terminating_a_runbook_writes_its_report_and_exits_143(tmp_path):
+    """The runbook engine handles the interrupt itself (the report of what ran is written);
+    TERM gives 143 there too, in the exit code and in report.json."""
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)                                   # scan-log blocks opening it: a hung step
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "hang.yaml").write_text("description: a step that hangs\nsteps:\n  - task: ping\n"
+                                     f"  - task: scan-log\n    args: {{path: {fifo}}}\n")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("runbooks: books\nhosts:\n  a: {local: true}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(MLDIAG + ["runbook", "hang", "--hosts-file", str(hosts), "-H", "a",
+                                      "--save", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = []
+
+    def scan_log_is_reading():
+        """A FIFO opens for writing (non-blocking) only once a reader has it open: then the
+        step is running, and with our end open and silent it stays blocked in read()."""
+        assert proc.poll() is None, proc.communicate()
+        try:
+            writer.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            return False
+        return True
+    try:
+        wait_for(scan_log_is_reading, 60, "the scan-log step to open the FIFO")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for fd in writer:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err == "mldiag: terminated (SIGTERM)\n"
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["interrupted"] is True and doc["exit_code"] == 143
+    assert [r["status"] for r in doc["steps"][0]["results"]] == ["ok"]

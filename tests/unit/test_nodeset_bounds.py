@@ -1,0 +1,141 @@
+"""Node-set bounds (issue 10 item 13): sizes are checked before anything is expanded, so a
+node-set bomb costs an error, not minutes and gigabytes. Asserted through the error, never
+through time."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from diagnostics import bundle, nodeset, runner, topology
+from diagnostics.errors import InputError
+from diagnostics.hops import slurm
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+
+
+@pytest.mark.parametrize("text,size", [
+    ("n1", 1), ("n[1-10]", 10), ("n[1-10/2]", 5), ("n[1-3,7]", 4), ("n[1-2]p[1-3]", 6),
+    ("a,b[1-2]", 3), ("n[1-10]!n[1-5]", 15),      # operators: an over-estimate
+])
+def test_size_bound_is_never_below_the_expansion(text, size):
+    assert nodeset.size_bound(text) == size
+    assert len(nodeset.expand(text)) <= size
+
+
+@pytest.mark.parametrize("bomb", ["n[1-2000000]", "n[1-1000]p[1-1000]",
+                                  ",".join(["n[1-99999]"] * 400)])
+def test_expand_refuses_a_bomb_before_expanding(bomb):
+    with pytest.raises(nodeset.TooManyNodes, match=r"at most 100000"):
+        nodeset.expand(bomb)
+
+
+def test_the_bound_itself_is_allowed():
+    assert len(nodeset.expand("n[1-100000]")) == nodeset.MAX_NODES
+
+
+def test_split_and_fold():
+    assert nodeset.split_top_level("a[1,2],b,,c") == ["a[1,2]", "b", "", "c"]
+    assert nodeset.fold(["n2", "n1", "n3", "b", "n1"]) == "b,n[1-3]"
+
+
+def test_a_group_repeating_a_big_node_set_is_refused_with_its_line():
+    text = ('hosts:\n  "n[1-9999]": {}\ngroups:\n  ok: "n[1-9999]"\n'
+            '  bomb: "' + ",".join(["n[1-9999]"] * 400) + '"\n')
+    with pytest.raises(InputError) as err:
+        topology.loads(text, "h.yaml")
+    assert str(err.value).startswith("h.yaml:5: groups.bomb: ")
+    assert "names up to 3999600 targets (at most 100000)" in str(err.value)
+
+
+def test_a_list_of_repeated_groups_is_bounded_by_the_file_budget():
+    members = "\n".join("    - all" for _ in range(200))
+    text = f'hosts:\n  "n[1-9999]": {{}}\ngroups:\n  all: "n[1-9999]"\n  bomb:\n{members}\n'
+    with pytest.raises(InputError, match=r"h.yaml:\d+: groups.bomb\[\d+\]: more than 500000 names "
+                                         r"in one hosts file"):
+        topology.loads(text, "h.yaml")
+
+
+def test_too_many_hosts_in_one_file():
+    text = 'hosts:\n  "a[1-60000]": {}\n  "b[1-60000]": {}\n'
+    with pytest.raises(InputError, match=r"h.yaml:3: hosts.b\[1-60000\]: more than 100000 hosts"):
+        topology.loads(text, "h.yaml")
+
+
+def test_host_flags_are_bounded_together():
+    topo = topology.loads('hosts:\n  "n[1-9999]": {}\n', "h.yaml")
+    assert len(topo.select(["n[1-9999]"] * 3)) == 9999
+    with pytest.raises(InputError, match=r"more than 100000 names in the --host values"):
+        topo.select(["n[1-9999]"] * 11)
+    with pytest.raises(InputError, match=r"at most 100000"):
+        topo.select([",".join(["n[1-9999]"] * 400)])
+
+
+def test_slurm_rows_count_as_their_nodes():
+    topo = topology.loads("hosts:\n  c: {address: login, slurm: {nodes: 2}}\n", "h.yaml")
+    assert [t.slurm.nodes for t in topo.select(["c:n[1-3]"])] == [3]
+    with pytest.raises(InputError, match=r"more than 100000 names in the --host values"):
+        topo.select(["c:n[1-99999]"] * 3)
+
+
+def test_the_command_line_exits_4_on_a_bomb(tmp_path):
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text('hosts:\n  "n[1-99]": {}\ngroups:\n  g: "' + ",".join(["n[1-99999]"] * 400) + '"\n')
+    assert len(hosts.read_bytes()) < 6000
+    r = subprocess.run(MLDIAG + ["ping", "--hosts-file", str(hosts), "-H", "n1"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4, r.stderr
+    assert f"{hosts}:4: groups.g: " in r.stderr and "at most 100000" in r.stderr
+    hosts.write_text('hosts:\n  "n[1-99]": {}\n')
+    r = subprocess.run(MLDIAG + ["ping", "--hosts-file", str(hosts), "-H", "n[1-2000000]"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4 and "at most 100000" in r.stderr, r.stderr
+
+
+# ------------------------------------------------ a Slurm login node's answer is untrusted
+
+@pytest.mark.parametrize("answer,message", [
+    ("n[1-2000000]\n", "at most 100000"),
+    ("\n", "no nodes"),
+    ("n1,n$(reboot)\n", "not a plain node name"),
+])
+def test_allocated_nodes_refuses_bad_answers(answer, message):
+    with pytest.raises(ValueError, match=message.replace("$", r"\$").replace("(", r"\(")):
+        slurm.allocated_nodes(answer)
+
+
+def test_allocated_nodes():
+    assert slurm.allocated_nodes("n[1-3],gpu7\n") == ["gpu7", "n1", "n2", "n3"]   # ClusterShell's order
+
+
+def _fake_slurm(bindir, log):
+    """salloc/squeue/scancel on PATH, as a login node that answers a node-set bomb."""
+    scripts = {
+        "salloc": "echo 'salloc: Granted job allocation 4242' >&2",
+        "squeue": "echo 'n[1-2000000]'",
+        "scancel": f"echo \"scancel $*\" >> {log}",
+    }
+    for name, body in scripts.items():
+        path = bindir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_a_login_node_answering_a_bomb_is_an_error_row_and_the_allocation_is_cancelled(
+        tmp_path, monkeypatch):
+    bindir, log = tmp_path / "bin", tmp_path / "scancel.log"
+    bindir.mkdir()
+    _fake_slurm(bindir, log)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    topo = topology.loads("hosts:\n  login:\n    local: true\n    slurm: {nodes: 2}\n", "h.yaml")
+    results = runner.run_many(topo.select(["login", "local"]), bundle.script_job("ping"))
+    by_name = {r.target: r for r in results}
+    assert sorted(by_name) == ["local", "login"]
+    assert by_name["local"].status == "ok", by_name["local"].summary
+    row = by_name["login"]
+    assert row.status == "error" and row.error.layer == "unreachable", row.to_dict()
+    assert "allocation 4242 on login" in row.error.message and "at most 100000" in row.error.message
+    assert log.read_text() == "scancel 4242\n"
