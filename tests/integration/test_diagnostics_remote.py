@@ -18,15 +18,15 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests import programs
+
 REPO = Path(__file__).resolve().parents[2]
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 VENV_PY = "/root/venv/bin/python"
 
 _spec = importlib.util.spec_from_file_location("mldiag_mlenv", str(REPO / "tests" / "ml" / "mlenv.py"))
@@ -34,9 +34,7 @@ mlenv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mlenv)
 
 
-def mldiag(*argv, timeout=240):
-    return subprocess.run(MLDIAG + [str(a) for a in argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=str(REPO), env=dict(os.environ))
+mldiag = partial(programs.mldiag, timeout=240)
 
 
 def docs_of(r):

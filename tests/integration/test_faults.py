@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -25,10 +24,10 @@ import pytest
 from diagnostics import bundle, runner, topology
 from diagnostics.hops.ssh import SshPool
 from tests.lab.util import pids_with_marker
+from tests.programs import mldiag, start_mldiag
 
 VENV_PY = "/root/venv/bin/python"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 
 
 def wait_for(predicate, timeout, what):
@@ -361,11 +360,10 @@ def test_ctrl_c_of_a_30_target_run(lab, tmp_path):
                       "print('done', sys.argv[1])\n")
     save = tmp_path / "saved"
     ct_before = set(lab.container_tmp(200))
-    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--arg", marker, "--hosts-file",
-                                      str(hosts_file), "-H", ",".join(fast + slow), "--save", str(save),
-                                      # 10 at a time, taken in order: the fast ten run first
-                                      "--parallel", "10"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_mldiag("run-script", script, "--arg", marker, "--hosts-file", hosts_file,
+                        "-H", ",".join(fast + slow), "--save", save,
+                        # 10 at a time, taken in order: the fast ten run first
+                        "--parallel", "10")
     def fast_saved():
         if proc.poll() is not None:
             raise AssertionError(f"mldiag ended early ({proc.returncode}): {proc.communicate()}")
@@ -428,13 +426,10 @@ def test_secrets_never_reach_output_json_or_saved_files(lab, tmp_path):
         """))
     outputs = []
     for extra in ([], ["--json"], ["--save", str(tmp_path / "saved")]):
-        r = subprocess.run(MLDIAG + ["run-script", str(script), "--hosts-file", str(hosts_file),
-                                     "-H", "trainbox"] + extra,
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        r = mldiag("run-script", script, "--hosts-file", hosts_file, "-H", "trainbox", *extra)
         assert r.returncode == 2, r.stderr    # the script raised: fail
         outputs += [r.stdout, r.stderr]
-    env = subprocess.run(MLDIAG + ["env-report", "--hosts-file", str(hosts_file), "-H", "trainbox",
-                                   "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = mldiag("env-report", "--hosts-file", hosts_file, "-H", "trainbox", "--json")
     outputs += [env.stdout, env.stderr]
     saved = [p.read_text() for p in (tmp_path / "saved").iterdir()]
     assert len(saved) == 2

@@ -15,23 +15,23 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests import programs
+
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = REPO / "tests" / "fixtures" / "hostile" / "python"
 NEVER_READS = REPO / "tests" / "fixtures" / "hostile" / "never-reads"
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 VENV_PY = "/root/venv/bin/python"
 
 MALFORMED = ["status-list", "doc-list", "finding-str", "error-str", "error-layer", "not-json",
              "deep", "deep-dict", "nan"]
 
 
-def mldiag(*argv, timeout=300, env=None, preexec_fn=None):
-    return subprocess.run(MLDIAG + list(argv), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=dict(os.environ, **(env or {})), preexec_fn=preexec_fn)
+mldiag = partial(programs.mldiag, timeout=300)
 
 
 def hostile_host(name: str, mode: str, **env) -> str:

@@ -18,7 +18,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
@@ -26,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import mldiag
+
 REPO = Path(__file__).resolve().parents[2]
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 RECORD_ENV = "MLDIAG_RECORD_COMMANDS"
 NOBODY = pwd.getpwnam("nobody")
 # what nobody plants: every name a run writes, and the temp names the old code used
@@ -125,11 +125,9 @@ def state(directory):
     return out
 
 
-def mldiag(*argv, record, timeout=120):
+def recorded_mldiag(*argv, record, timeout=120):
     """The real program as root; its audit record goes to ``record`` (then into the suite's)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), **{RECORD_ENV: str(record)})
-    r = subprocess.run(MLDIAG + [str(a) for a in argv], capture_output=True, text=True,
-                       timeout=timeout, cwd=str(REPO), env=env)
+    r = mldiag(*argv, timeout=timeout, env={RECORD_ENV: str(record)})
     suite = os.environ.get(RECORD_ENV)
     if suite and record.exists():
         with open(suite, "a") as f:
@@ -154,7 +152,7 @@ def test_a_directory_nobody_made_is_refused_before_connecting(hosts_file, shared
     as_nobody("mkdir", "-m", "755", out)
     plant(out, victim, steps=True)
     before = state(out)
-    r = mldiag(*RUNS[task], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
+    r = recorded_mldiag(*RUNS[task], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
     assert_refused_before_connecting(
         r, tmp_path / "rec", watched, f"--save {out}: owned by nobody (uid {NOBODY.pw_uid}), "
                                       f"not by you (root (uid 0)); name a directory of your own")
@@ -172,7 +170,7 @@ def test_a_directory_others_can_write_is_refused_before_connecting(hosts_file, s
         plant(out, victim)
     before = state(out)
     who = "its group and others" if bits & 0o002 else "its group"
-    r = mldiag(*RUNS["ping"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
+    r = recorded_mldiag(*RUNS["ping"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
     assert_refused_before_connecting(
         r, tmp_path / "rec", watched, f"--save {out}: writable by {who} (mode {bits:04o}); make it "
                                       "private (chmod go-w) or name another directory")
@@ -185,7 +183,7 @@ def test_a_link_in_place_of_the_directory_is_refused_before_connecting(hosts_fil
     roots.mkdir(mode=0o700)
     out = shared / "out"
     as_nobody("ln", "-s", roots, out)
-    r = mldiag(*RUNS["runbook"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
+    r = recorded_mldiag(*RUNS["runbook"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
     assert_refused_before_connecting(r, tmp_path / "rec", watched,
                                      f"--save {out}: a symbolic link; name the directory itself")
     assert os.listdir(roots) == []
@@ -198,7 +196,7 @@ def test_a_steps_link_left_in_a_private_directory_is_refused_before_connecting(
     os.chmod(out, 0o777)
     plant(out, victim, steps=True)
     os.chmod(out, 0o700)                       # private again, but what was planted stays
-    r = mldiag(*RUNS["runbook"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
+    r = recorded_mldiag(*RUNS["runbook"], "--hosts-file", hosts_file, "--save", out, record=tmp_path / "rec")
     assert_refused_before_connecting(r, tmp_path / "rec", watched,
                                      f"--save {out}/steps: a symbolic link; name the directory itself")
     assert sorted(os.listdir(victim)) == ["crontab", "profile"]
@@ -207,7 +205,7 @@ def test_a_steps_link_left_in_a_private_directory_is_refused_before_connecting(
 def test_a_file_or_a_path_through_a_file_is_refused_before_connecting(hosts_file, watched, tmp_path):
     (tmp_path / "file").write_text("keep\n")
     for save in (tmp_path / "file", tmp_path / "file" / "sub"):
-        r = mldiag(*RUNS["ping"], "--hosts-file", hosts_file, "--save", save, record=tmp_path / "rec")
+        r = recorded_mldiag(*RUNS["ping"], "--hosts-file", hosts_file, "--save", save, record=tmp_path / "rec")
         assert_refused_before_connecting(r, tmp_path / "rec", watched,
                                          f"--save {save}: not a directory")
     assert (tmp_path / "file").read_text() == "keep\n"
@@ -220,8 +218,8 @@ def test_links_left_in_a_private_directory_are_replaced_not_followed(hosts_file,
     os.chmod(out, 0o777)
     plant(out, victim)
     os.chmod(out, 0o755)
-    r = mldiag("ping", "-H", "main,local", "--hosts-file", hosts_file, "--save", out,
-               record=tmp_path / "rec")
+    r = recorded_mldiag("ping", "-H", "main,local", "--hosts-file", hosts_file, "--save", out,
+                        record=tmp_path / "rec")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split() for line in r.stdout.split("\n\n")[0].splitlines()[1:]
             if not line.startswith(" ")]
@@ -232,8 +230,8 @@ def test_links_left_in_a_private_directory_are_replaced_not_followed(hosts_file,
     assert json.loads((out / "summary.json").read_text())["targets"] == {"main": "ok", "local": "ok"}
     assert oct(os.lstat(out / "main.json").st_mode & 0o777) == "0o600"
 
-    r = mldiag("runbook", "twice", "-H", "main,local", "--hosts-file", hosts_file, "--save", out,
-               record=tmp_path / "rec2")
+    r = recorded_mldiag("runbook", "twice", "-H", "main,local", "--hosts-file", hosts_file, "--save", out,
+                        record=tmp_path / "rec2")
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (out / "report.md").is_symlink() and (out / "report.md").read_text() == r.stdout
     assert json.loads((out / "report.json").read_text())["exit_code"] == 0

@@ -6,14 +6,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
 import pytest
 
 from diagnostics import bundle, runner, topology
+from tests import programs
+from tests.programs import MLDIAG
 
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS = """\
 defaults: {connect_timeout: 5, timeout: 60}
@@ -33,9 +34,7 @@ def hosts_file(lab):
     return lab.hosts_yaml(HOSTS)
 
 
-def mldiag(*argv, timeout=180):
-    return subprocess.run(MLDIAG + list(argv), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=dict(os.environ))
+mldiag = partial(programs.mldiag, timeout=180)
 
 
 def jobs_of_mlsh(lab):

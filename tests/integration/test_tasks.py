@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+from tests.programs import mldiag
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -44,11 +43,6 @@ def hosts_file(lab):
         groups:
           fleet: [trainbox, sickbox]
         """))
-
-
-def mldiag(*argv, timeout=120):
-    return subprocess.run(MLDIAG + list(argv), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=dict(os.environ))
 
 
 def test_hosts_shows_each_chain(hosts_file):

@@ -6,14 +6,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
+from tests.programs import start_mldiag
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 
 
 def wait_for(check, seconds, what):
@@ -42,9 +42,8 @@ def test_a_signal_ends_a_local_run_like_ctrl_c(tmp_path, sig, code):
                       "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n"
                       "print('done')\n")
     save = tmp_path / "saved"
-    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--arg", marker, "--hosts-file",
-                                      str(hosts), "-H", "fast,slow", "--save", str(save)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_mldiag("run-script", script, "--arg", marker, "--hosts-file", hosts,
+                        "-H", "fast,slow", "--save", save)
     try:
         wait_for(lambda: (save / "fast.json").exists() and marked(marker), 60,
                  "fast saved and slow running")
@@ -75,9 +74,7 @@ def test_terminating_a_runbook_writes_its_report_and_exits_143(tmp_path):
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text("runbooks: books\nhosts:\n  a: {local: true}\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen(MLDIAG + ["runbook", "hang", "--hosts-file", str(hosts), "-H", "a",
-                                      "--save", str(out)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_mldiag("runbook", "hang", "--hosts-file", hosts, "-H", "a", "--save", out)
     writer = []
 
     def scan_log_is_reading():

@@ -14,20 +14,20 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import time
 import uuid
+from functools import partial
 
 import pytest
 
 from diagnostics import bundle, runner, topology
+from tests import programs
 from tests.lab.util import pids_with_marker
 from tests.unit.test_runtime import HOPPER, HOPPER_DIAGNOSTIC, HOPPER_LIFETIME_S, survivors
 
 VENV_PY = "/root/venv/bin/python"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 SYSTEM_PY = "/usr/bin/python3"   # the attacker's interpreter: readable by nobody
 
 # Runs as nobody: forever swaps any mldiag-* directory it can in the watched parents for a
@@ -61,8 +61,7 @@ print("ran in", os.path.dirname(os.getcwd()))
 """
 
 
-def mldiag(*argv, timeout=180):
-    return subprocess.run(MLDIAG + list(argv), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+mldiag = partial(programs.mldiag, timeout=180)
 
 
 @pytest.fixture

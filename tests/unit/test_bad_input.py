@@ -3,21 +3,11 @@ with `file:line: key: what was expected` (or the flag named), prints nothing on 
 traceback. (The loader's own tests, tests/unit/test_topology.py, cover each rule in depth,
 with hypothesis feeding it random documents.)"""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+from tests.programs import mldiag
+
 GOOD = 'hosts:\n  a: {address: 10.0.0.1}\n  gpu[01-02]: {address: "10.0.1.[1-2]"}\ngroups:\n  g: [a]\n'
-
-
-def mldiag(argv, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "MLDIAG_HOSTS_FILE"}
-    env["PYTHONPATH"] = REPO
-    return subprocess.run(MLDIAG + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def assert_bad_input(r, expected):
@@ -81,7 +71,7 @@ HOSTS_FILES = {
 @pytest.mark.parametrize("text, expected", HOSTS_FILES.values(), ids=HOSTS_FILES.keys())
 def test_bad_hosts_file(tmp_path, text, expected):
     (tmp_path / "hosts.yaml").write_text(text)
-    assert_bad_input(mldiag(["ping"], tmp_path), expected)
+    assert_bad_input(mldiag("ping", cwd=tmp_path, timeout=60), expected)
 
 
 FLAGS = {
@@ -112,4 +102,4 @@ FLAGS = {
 @pytest.mark.parametrize("argv, expected", FLAGS.values(), ids=FLAGS.keys())
 def test_bad_flag(tmp_path, argv, expected):
     (tmp_path / "hosts.yaml").write_text(GOOD)
-    assert_bad_input(mldiag(argv, tmp_path), expected)
+    assert_bad_input(mldiag(*argv, cwd=tmp_path, timeout=60), expected)

@@ -2,24 +2,18 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from diagnostics import cli
 from diagnostics.errors import InputError
+from tests.programs import INV, MLDIAG, run_program
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
-INV = [sys.executable, "-m", "invoke"]
 
 
 def run(argv, cwd=REPO, env=None, timeout=60):
-    full_env = dict(os.environ, **(env or {}))
-    full_env.pop("MLDIAG_HOSTS_FILE", None)
-    return subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_program(argv, cwd=cwd, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("flag, value, integer", [

@@ -4,17 +4,14 @@ through time."""
 
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 
 from diagnostics import bundle, nodeset, runner, topology
 from diagnostics.errors import InputError
 from diagnostics.hops import slurm
+from tests.programs import mldiag
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 
 
 @pytest.mark.parametrize("text,size", [
@@ -85,13 +82,11 @@ def test_the_command_line_exits_4_on_a_bomb(tmp_path):
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text('hosts:\n  "n[1-99]": {}\ngroups:\n  g: "' + ",".join(["n[1-99999]"] * 400) + '"\n')
     assert len(hosts.read_bytes()) < 6000
-    r = subprocess.run(MLDIAG + ["ping", "--hosts-file", str(hosts), "-H", "n1"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = mldiag("ping", "--hosts-file", hosts, "-H", "n1")
     assert r.returncode == 4, r.stderr
     assert f"{hosts}:4: groups.g: " in r.stderr and "at most 100000" in r.stderr
     hosts.write_text('hosts:\n  "n[1-99]": {}\n')
-    r = subprocess.run(MLDIAG + ["ping", "--hosts-file", str(hosts), "-H", "n[1-2000000]"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = mldiag("ping", "--hosts-file", hosts, "-H", "n[1-2000000]")
     assert r.returncode == 4 and "at most 100000" in r.stderr, r.stderr
 
 

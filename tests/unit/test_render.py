@@ -445,9 +445,9 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
     METADATA ``Version:`` sets the title and clears the screen (env-report's drift and full
     views), and a gpu-status answer whose GPU name holds escapes and whose memory is a string
     (an interpreter wrapper rewrites the result document on its way out)."""
-    import subprocess
     import sys
-    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    from tests import programs
+    repo = __import__("pathlib").Path(programs.REPO)
     dist = tmp_path / "site" / "evilpkg-1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evilpkg\n"
@@ -463,15 +463,9 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
         f"  gpus: {{local: true, python: {wrapper}, env: {{PATH: \"{repo / 'tests' / 'fakes'}:/usr/bin:/bin\", "
         "MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}}\n")
 
-    def mldiag(*argv):
-        env = {k: v for k, v in __import__("os").environ.items() if k != "MLDIAG_HOSTS_FILE"}
-        env["PYTHONPATH"] = str(repo)
-        return subprocess.run([sys.executable, "-c", "from diagnostics.program import main; main()",
-                               *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-
-    drift = mldiag("env-report", "-H", "evil,twin", "--packages", "evilpkg")
-    full = mldiag("env-report", "-H", "evil", "--full", "--packages", "evilpkg")
-    gpus = mldiag("gpu-status", "-H", "gpus")
+    drift = programs.mldiag("env-report", "-H", "evil,twin", "--packages", "evilpkg", cwd=tmp_path)
+    full = programs.mldiag("env-report", "-H", "evil", "--full", "--packages", "evilpkg", cwd=tmp_path)
+    gpus = programs.mldiag("gpu-status", "-H", "gpus", cwd=tmp_path)
     for r in (drift, full, gpus):
         assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
         assert unsafe_in(r.stdout + r.stderr) == [], r.stdout

@@ -3,8 +3,6 @@ stop_if:, parameters, unreachable targets, interruption), with a stand-in for ru
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,9 +11,9 @@ from diagnostics import jobs, runbook, runbook_run, topology
 from diagnostics.errors import InputError
 from diagnostics.results import Result
 from diagnostics.topology import Target
+from tests.programs import mldiag
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 
 GOOD = textwrap.dedent("""\
     description: a test runbook
@@ -410,13 +408,6 @@ def test_jobs_are_the_tasks_own():
 
 
 # ---------------------------------------------------------------------------- the command line
-
-def mldiag(*argv, cwd=REPO):
-    env = dict(os.environ)
-    env.pop("MLDIAG_HOSTS_FILE", None)
-    return subprocess.run(MLDIAG + [str(a) for a in argv], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
-
 
 def test_list_shows_the_runbooks_and_a_broken_one_exits_4(tmp_path):
     r = mldiag("runbook", "--list")

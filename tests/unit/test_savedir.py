@@ -15,9 +15,8 @@ import pytest
 
 from diagnostics.errors import InputError
 from diagnostics.savedir import SaveDir, result_file_name
+from tests.programs import mldiag
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
 ROOT = os.geteuid() == 0
 
 
@@ -218,12 +217,6 @@ def test_result_file_names():
 
 # --------------------------------------------------------------------------- through `mldiag`
 
-def mldiag(argv, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "MLDIAG_HOSTS_FILE"}
-    env["PYTHONPATH"] = REPO
-    return subprocess.run(MLDIAG + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture
 def marked_local(tmp_path):
     """hosts.yaml with a local target whose interpreter leaves a mark when it is started."""
@@ -257,7 +250,7 @@ def test_a_refused_save_is_exit_4_before_any_target_runs(tmp_path, marked_local,
     else:
         (save / "box.json").mkdir(parents=True)
         os.chmod(save, 0o700)
-    r = mldiag(["ping", "-H", "box", "--save", str(save)], tmp_path)
+    r = mldiag("ping", "-H", "box", "--save", str(save), cwd=tmp_path, timeout=60)
     shown = f"{save}/box.json" if case == "dir-in-the-way" else str(save)
     assert (r.returncode, r.stdout, r.stderr) == (4, "", f"mldiag: --save {shown}: {expected}\n")
     assert not marked_local.exists()
@@ -267,7 +260,7 @@ def test_a_runbook_refuses_a_planted_steps_link_before_any_target_runs(tmp_path,
     save = tmp_path / "save"
     save.mkdir(mode=0o700)
     (save / "steps").symlink_to(victim.parent)
-    r = mldiag(["runbook", "node-health", "-H", "box", "--save", str(save)], tmp_path)
+    r = mldiag("runbook", "node-health", "-H", "box", "--save", str(save), cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stdout) == (4, "")
     assert r.stderr == f"mldiag: --save {save}/steps: a symbolic link; name the directory itself\n"
     assert not marked_local.exists() and sorted(os.listdir(victim.parent)) == ["crontab"]
@@ -278,7 +271,7 @@ def test_a_save_run_writes_through_planted_links_without_following_them(tmp_path
     save.mkdir(mode=0o700)
     for name in ("box.json", "box.json.part", "summary.json", "summary.json.part"):
         (save / name).symlink_to(victim)
-    r = mldiag(["ping", "-H", "box", "--save", str(save)], tmp_path)
+    r = mldiag("ping", "-H", "box", "--save", str(save), cwd=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     assert marked_local.exists() and victim.read_text() == "original\n"
     assert json.loads((save / "box.json").read_text())["status"] == "ok"

@@ -1,0 +1,59 @@
+"""The programs under test, started the way a user starts them: ``mldiag`` (and ``inv``) in a
+subprocess, importing this checkout's ``diagnostics`` wherever the test runs it.
+
+One place for the argv and the environment, so that every test runs the same program the
+same way; a test says only what differs (its directory, its timeout, its extra variables).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+REPO = str(Path(__file__).resolve().parents[1])
+MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+INV = [sys.executable, "-m", "invoke"]
+# Never inherited from the shell that runs pytest: a developer's own hosts file would otherwise
+# decide which targets a test reaches. A test that wants it passes it in ``env``.
+HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
+
+
+def program_env(env: Optional[Mapping[str, str]] = None, unset: Iterable[str] = ()) -> dict:
+    """This process's environment, this checkout first on PYTHONPATH (a test run from a
+    temporary directory still imports this copy), without ``$MLDIAG_HOSTS_FILE`` and
+    ``unset``, with ``env`` over it."""
+    full = dict(os.environ)
+    for name in (HOSTS_FILE_ENV, *unset):
+        full.pop(name, None)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, full.get("PYTHONPATH")) if p)
+    full.update(env or {})
+    return full
+
+
+def run_program(argv, *, cwd=REPO, timeout: float = 120, env: Optional[Mapping[str, str]] = None,
+                unset: Iterable[str] = (), input: Optional[str] = None,
+                **popen_kw) -> subprocess.CompletedProcess:
+    """``argv`` (str()-ed) to its end, text output captured."""
+    return subprocess.run([str(a) for a in argv], cwd=str(cwd), env=program_env(env, unset),
+                          capture_output=True, text=True, timeout=timeout, input=input, **popen_kw)
+
+
+def mldiag(*argv, **kw) -> subprocess.CompletedProcess:
+    """``mldiag ARGV...``; keywords as for ``run_program``."""
+    return run_program(MLDIAG + list(argv), **kw)
+
+
+def inv(*argv, **kw) -> subprocess.CompletedProcess:
+    """``inv ARGV...`` (the Invoke front end over the same tasks)."""
+    return run_program(INV + list(argv), **kw)
+
+
+def start_mldiag(*argv, cwd=REPO, env: Optional[Mapping[str, str]] = None,
+                 unset: Iterable[str] = (), **popen_kw) -> subprocess.Popen:
+    """``mldiag ARGV...`` left running (to be signalled, or read while it runs): stdout and
+    stderr are pipes unless ``popen_kw`` says otherwise."""
+    popen_kw.setdefault("stdout", subprocess.PIPE)
+    popen_kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(MLDIAG + [str(a) for a in argv], cwd=str(cwd),
+                            env=program_env(env, unset), text=True, **popen_kw)
