@@ -18,26 +18,20 @@ import textwrap
 import threading
 import time
 import uuid
+from functools import partial
 
 import pytest
 
 from diagnostics import bundle, runner, topology
 from diagnostics.hops.ssh import SshPool
-from tests.lab.util import pids_with_marker
+from tests.lab.util import pids_with_marker, wait_until
 from tests.programs import mldiag, start_mldiag
 
 VENV_PY = "/root/venv/bin/python"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def wait_for(predicate, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+wait_for = partial(wait_until, interval=0.1)
 
 
 def marked(cmdlines, marker):

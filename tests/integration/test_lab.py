@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.lab]   # the lab's self-tests: -m lab / -m "not lab"
 
 SHELLS = {"mlsh": "sh", "mlzsh": "zsh", "nosudo": "sh"}
 

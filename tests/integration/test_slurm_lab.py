@@ -19,7 +19,7 @@ import pytest
 from tests.lab import slurm
 from tests.lab.util import all_pids, cmdline, state_of, uid_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.lab]   # the lab's self-tests: -m lab / -m "not lab"
 
 NODES = list(slurm.NODES)
 

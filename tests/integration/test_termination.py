@@ -5,29 +5,15 @@ Local targets only here (no lab needed); the Slurm cases are in test_slurm.py.""
 import json
 import os
 import signal
-import subprocess
-import time
 import uuid
+from functools import partial
 
 import pytest
 
+from tests.lab.util import pids_with_marker as marked, wait_until
 from tests.programs import start_mldiag
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def wait_for(check, seconds, what):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def marked(marker):
-    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
+wait_for = partial(wait_until, interval=0.1)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129),
