@@ -1,18 +1,21 @@
 """Invariant 1 (DESIGN.md §3): no user data on any command line; the command line survives
-every login shell. Property-based over the pure encoders; the real-shell round trip is in
+every login shell. Property-based: over the pure encoders, and over what ``runner.run_one``
+hands the transport of each chain shape; the real-shell round trip is in
 tests/integration/test_quoting_remote.py."""
 
 import shlex
 import string
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from diagnostics import bundle
-from diagnostics.hops import Chain, Interpreter
-from diagnostics.hops.containers import Docker, Kubectl, Lxc, Pct, Podman
-from diagnostics.hops.ssh import UnsafeCommand, join_checked
-from diagnostics.hops.sudo import Sudo
-from diagnostics.topology import SAFE_TOKEN, Target, is_safe_token
+from diagnostics import bundle, hops, runner
+from diagnostics.hops import chain_for
+from diagnostics.hops.base import ProcessOutput
+from diagnostics.hops.containers import Docker, Lxc, Pct, Podman
+from diagnostics.hops.ssh import SshPool, UnsafeCommand, join_checked
+from diagnostics.topology import SAFE_TOKEN, Container, Slurm, SshHost, Target, is_safe_token
 
 NASTY = ["'", '"', "$(id)", "`id`", "{a,b}", "*", "?", "[ab]", "=ls", "~root", "\n", "", "-c",
          "--json", "ü", "\\", ";", "|", "&", "!", "#", "%", " ", "\t", "\x00"[:0], "${HOME}",
@@ -39,17 +42,90 @@ def test_user_argv_and_env_travel_in_the_payload_byte_for_byte(argv, env):
     assert stage_a == bundle.STAGE_A
 
 
-@given(argv_lists)
-def test_the_command_line_never_holds_user_data(argv):
-    """Whatever the script's arguments, the argv sent to any chain is the same constant one."""
-    for chain_wrappers in ([], [Sudo()], [Sudo(), Pct("200")], [Docker("c1", "ml")],
-                           [Kubectl("p-0", namespace="ml", container="main")]):
-        chain = Chain(Target(name="t"), transport=None, wrappers=chain_wrappers,
-                      interpreter=Interpreter("/root/venv/bin/python"))
-        line = join_checked(chain.argv())
-        for arg in argv:
-            if len(arg) > 3 and not is_safe_token(arg):
-                assert arg not in line
+class RecordingTransport:
+    """Stands where a chain's transport stands (local or ssh): keeps what the runner hands it,
+    the argv and the payload, and answers as a command that printed nothing."""
+
+    kind = "recording"
+
+    def __init__(self):
+        self.handed = []
+
+    def describe(self) -> str:
+        return "recording"
+
+    def run(self, argv, payload, deadline):
+        self.handed.append((list(argv), payload))
+        return ProcessOutput(b"", b"", 0)
+
+
+# Every hop shape the runner builds a chain for (hops.chain_for, unchanged): the transport alone
+# is swapped for the recorder, so the argv checked is the one ssh or Popen would be handed.
+CHAIN_SHAPES = {
+    "local": Target(name="t", local=True),
+    "ssh": Target(name="t", host=SshHost("gpu1", address="10.0.0.5", user="ml")),
+    "ssh via jumps, sudo": Target(name="t", host=SshHost("inner", jump=SshHost("jump", jump=SshHost("edge"))),
+                                  become="sudo"),
+    "sudo, pct": Target(name="t", host=SshHost("pve"), become="sudo",
+                        container=Container("pct", "200"), python="/root/venv/bin/python"),
+    "lxc as a user": Target(name="t", host=SshHost("h"), container=Container("lxc", "ct1", exec_user="ml")),
+    "docker": Target(name="t", host=SshHost("h"), container=Container("docker", "c1", exec_user="ml")),
+    "sudo, podman": Target(name="t", host=SshHost("h"), become="sudo", container=Container("podman", "p1")),
+    "kubectl": Target(name="t", host=SshHost("h"),
+                      container=Container("kubectl", "p-0", namespace="ml", container="main")),
+    "slurm step, sudo, docker": Target(name="t", host=SshHost("login"), slurm=Slurm(nodes=2),
+                                       slurm_step=("4242", "node01"), become="sudo",
+                                       container=Container("docker", "c1")),
+    "activate": Target(name="t", local=True, python="python",
+                       activate=("/opt/conda/etc/profile.d/conda.sh", "conda", "activate", "train")),
+}
+
+
+def handed_to_the_transport(target, job):
+    """(argv, payload) that ``runner.run_one`` hands the transport of ``target``'s real chain."""
+    transport = RecordingTransport()
+
+    def recording_chain(t, pool):
+        chain = chain_for(t, pool)
+        chain.transport = transport
+        return chain
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "chain_for", recording_chain)
+        patch.setattr(hops, "resolve", lambda host: None)   # no `ssh -G`: nothing connects
+        runner.run_one(target, job, SshPool())
+    [(argv, payload)] = transport.handed
+    return argv, payload
+
+
+user_env = st.dictionaries(st.text(min_size=1), st.text(), max_size=4)
+file_names = st.one_of(st.sampled_from(["s.py", "a b.py", "$(id).py", "-c.py", "ü`x`.py"]),
+                       st.text(min_size=1, max_size=20))
+
+
+@settings(max_examples=40, deadline=None)
+@given(argv_lists, user_env, file_names, st.binary(max_size=64),
+       st.dictionaries(st.text(min_size=1, max_size=12), st.binary(max_size=16), max_size=2))
+def test_the_command_line_never_holds_user_data(argv, env, script_name, source, put_files):
+    """Whatever the script's name, source, arguments, env and --put files, every chain hands its
+    transport the same constant argv it hands for an empty job, and all of them ride in the
+    payload (read back here as the target reads it)."""
+    put_files = {k: v for k, v in put_files.items() if k != script_name}
+    job = bundle.Job("run-script", script_name, source, argv=tuple(argv), mode="script",
+                     extra_files=put_files)
+    empty = bundle.Job("run-script", "s.py", b"", mode="script")
+    user_strings = [*argv, *env, *env.values(), script_name, *put_files]
+    for shape, target in CHAIN_SHAPES.items():
+        constant, _ = handed_to_the_transport(target, empty)
+        argv_sent, payload = handed_to_the_transport(replace(target, env=tuple(env.items())), job)
+        assert argv_sent == constant, shape
+        line = join_checked(argv_sent)          # what the ssh transport sends, checked as it is
+        for value in user_strings:
+            if len(value) > 3 and not is_safe_token(value):
+                assert value not in line, (shape, value)
+        _, _, header, files = bundle.parse_payload(payload)
+        assert (header["argv"], header["env"], header["script"]) == (argv, env, script_name), shape
+        assert files == {script_name: source, **put_files}, shape
 
 
 @given(st.lists(st.one_of(safe_tokens, st.just(bundle.BOOT)), min_size=1, max_size=10))
