@@ -5,6 +5,7 @@ One place for the argv and the environment, so that every test runs the same pro
 same way; a test says only what differs (its directory, its timeout, its extra variables).
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ INV = [sys.executable, "-m", "invoke"]
 # Never inherited from the shell that runs pytest: a developer's own hosts file would otherwise
 # decide which targets a test reaches. A test that wants it passes it in ``env``.
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
+SCRIPTS = Path(REPO) / "diagnostics" / "scripts"
 
 
 def program_env(env: Optional[Mapping[str, str]] = None, unset: Iterable[str] = ()) -> dict:
@@ -57,3 +59,18 @@ def start_mldiag(*argv, cwd=REPO, env: Optional[Mapping[str, str]] = None,
     popen_kw.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(MLDIAG + [str(a) for a in argv], cwd=str(cwd),
                             env=program_env(env, unset), text=True, **popen_kw)
+
+
+def load_module(path, name: str):
+    """The Python file at ``path`` as a fresh module called ``name``, imported alone: a remote
+    script is a single file (importing it only defines things), so it is tested without the
+    package around it; tests/ml/mlenv.py is loaded so too."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_script(file_name: str, name: str):
+    """diagnostics/scripts/FILE_NAME as a module called ``name``."""
+    return load_module(SCRIPTS / file_name, name)

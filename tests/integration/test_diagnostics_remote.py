@@ -14,7 +14,6 @@ the CT's venv made from Debian's /usr/bin/python3.11.
   No torch or transformers here: skipped, or a failure under CI=true (tests/ml/mlenv.py).
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -25,13 +24,12 @@ from pathlib import Path
 import pytest
 
 from tests import programs
+from tests.programs import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PY = "/root/venv/bin/python"
 
-_spec = importlib.util.spec_from_file_location("mldiag_mlenv", str(REPO / "tests" / "ml" / "mlenv.py"))
-mlenv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mlenv)
+mlenv = load_module(REPO / "tests" / "ml" / "mlenv.py", "mldiag_mlenv")
 
 
 mldiag = partial(programs.mldiag, timeout=240)

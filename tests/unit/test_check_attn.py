@@ -7,7 +7,6 @@ installed beside the 5.x one (pip --target, PYTHONPATH in a subprocess).
 """
 
 import ast
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("mldiag_mlenv", str(Path(__file__).resolve().parents[1] / "ml"
-                                                                    / "mlenv.py"))
-mlenv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mlenv)
+from tests.programs import REPO, load_module
+
+mlenv = load_module(Path(REPO) / "tests" / "ml" / "mlenv.py", "mldiag_mlenv")
 
 SCRIPT = mlenv.SCRIPTS / "check_attn.py"
 

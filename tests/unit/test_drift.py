@@ -151,13 +151,9 @@ def test_drift_over_real_env_report_documents():
     """Two runs on the same machine do not drift; an edited third one shows exactly its edit."""
     import argparse
     import copy
-    import importlib.util
-    from pathlib import Path
+    from tests.programs import load_script
 
-    script = Path(__file__).resolve().parents[2] / "diagnostics" / "scripts" / "env_report.py"
-    spec = importlib.util.spec_from_file_location("mldiag_test_drift_env_report", str(script))
-    er = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(er)
+    er = load_script("env_report.py", "mldiag_test_drift_env_report")
     a = argparse.Namespace(imports="none", packages="", no_pip_check=True, timeout=30.0)
     first, second = er.run(a)["data"], er.run(a)["data"]
     assert drift([("gpu01", first), ("gpu02", second)]) == []

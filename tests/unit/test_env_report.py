@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "env_report.py"
 
@@ -45,14 +47,7 @@ TORCH_KEYS = ["installed", "version", "imported", "import_error", "path", "debug
               "capabilities", "arch_list"]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("mldiag_test_env_report", str(SCRIPT))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-er = _load_script()
+er = load_script("env_report.py", "mldiag_test_env_report")
 
 
 def args(**kw):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
 FAKE = ROOT / "tests" / "fakes" / "nvidia-smi"
@@ -29,14 +31,7 @@ H100 = "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
 H200 = "linux-x86_64__nvidia-h200__590.48.01.txt"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("mldiag_test_gpu_status", str(SCRIPT))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gs = _load_script()
+gs = load_script("gpu_status.py", "mldiag_test_gpu_status")
 
 
 @pytest.fixture

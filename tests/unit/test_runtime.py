@@ -18,6 +18,7 @@ from diagnostics import bundle, runner
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
 from tests.lab.util import pids_with_marker
+from tests.programs import load_script
 
 SCRIPTS = os.path.join(os.path.dirname(bundle.__file__), "scripts")
 PY = sys.executable
@@ -502,12 +503,7 @@ def test_a_fork_hopping_descendant_is_killed_every_time(every_generation):
 
 def load_runtime():
     """_runtime.py as a module (it is a plain script: importing it only defines things)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mldiag_runtime_under_test",
-                                                  os.path.join(SCRIPTS, "_runtime.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("_runtime.py", "mldiag_runtime_under_test")
 
 
 @pytest.fixture

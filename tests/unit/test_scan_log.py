@@ -7,7 +7,6 @@ Expected counts and line numbers were written by hand from the fixtures
 import argparse
 import ast
 import glob
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,20 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.programs import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "scan_log.py"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 KINDS = ["traceback", "empty-error", "nan-loss", "cuda-oom", "nccl", "xid-fatal", "xid", "killed"]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("mldiag_test_scan_log", str(SCRIPT))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sl = _load_script()
+sl = load_script("scan_log.py", "mldiag_test_scan_log")
 
 
 def scan(path, lines=2000, **kw):

@@ -1,7 +1,6 @@
 """The wire module: what crosses to a target and the one gate what comes back passes
 (DESIGN.md §3 invariants 1 and 8; issue 10 items 6, 7 and the runner-level check)."""
 
-import importlib.util
 import json
 import os
 import resource
@@ -17,6 +16,7 @@ from diagnostics.hops import base, chain_for
 from diagnostics.hops.local import LocalTransport
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
+from tests.programs import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNTIME_PATH = os.path.join(REPO, "diagnostics", "scripts", "_runtime.py")
@@ -25,10 +25,7 @@ NONCE = "0123456789abcdef"
 
 
 def load_runtime():
-    spec = importlib.util.spec_from_file_location("mldiag_runtime_under_test", RUNTIME_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("_runtime.py", "mldiag_runtime_under_test")
 
 
 def good_doc(**changes):
