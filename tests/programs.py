@@ -1,8 +1,10 @@
 """The programs under test, started the way a user starts them: ``mldiag`` (and ``inv``) in a
-subprocess, importing this checkout's ``diagnostics`` wherever the test runs it.
+subprocess, importing this checkout's ``diagnostics`` wherever the test runs it; and the remote
+scripts, loaded alone as modules.
 
 One place for the argv and the environment, so that every test runs the same program the
 same way; a test says only what differs (its directory, its timeout, its extra variables).
+Only the standard library here: the lab's self-tests use it too, without importing mldiag.
 """
 
 import importlib.util
@@ -49,6 +51,12 @@ def mldiag(*argv, **kw) -> subprocess.CompletedProcess:
 def inv(*argv, **kw) -> subprocess.CompletedProcess:
     """``inv ARGV...`` (the Invoke front end over the same tasks)."""
     return run_program(INV + list(argv), **kw)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    """The stdout of a command that had to succeed; else the assertion shows all it said."""
+    assert proc.returncode == 0, f"rc={proc.returncode}\nstdout={proc.stdout}\nstderr={proc.stderr}"
+    return proc.stdout
 
 
 def start_mldiag(*argv, cwd=REPO, env: Optional[Mapping[str, str]] = None,

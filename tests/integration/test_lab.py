@@ -11,14 +11,11 @@ import time
 
 import pytest
 
+from tests.programs import ok
+
 pytestmark = [pytest.mark.integration, pytest.mark.lab]   # the lab's self-tests: -m lab / -m "not lab"
 
 SHELLS = {"mlsh": "sh", "mlzsh": "zsh", "nosudo": "sh"}
-
-
-def ok(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, f"rc={proc.returncode}\nstdout={proc.stdout}\nstderr={proc.stderr}"
-    return proc.stdout
 
 
 @pytest.mark.parametrize("server", ["main", "defaults", "jump", "inner"])

@@ -18,15 +18,11 @@ import pytest
 
 from tests.lab import slurm
 from tests.lab.util import all_pids, cmdline, state_of, uid_of
+from tests.programs import ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]   # the lab's self-tests: -m lab / -m "not lab"
 
 NODES = list(slurm.NODES)
-
-
-def ok(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, f"rc={proc.returncode}\nstdout={proc.stdout}\nstderr={proc.stderr}"
-    return proc.stdout
 
 
 def report(what: str, seconds: float) -> None:
