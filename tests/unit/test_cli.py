@@ -7,7 +7,7 @@ import pytest
 
 from diagnostics import cli
 from diagnostics.errors import InputError
-from tests.programs import INV, MLDIAG, run_program
+from tests.programs import MLDIAG, inv, run_program
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,7 +45,7 @@ def test_mldiag_maps_parse_errors_to_4_and_inv_keeps_1():
     assert "no-such-flag" in r.stderr and "Traceback" not in r.stderr
     r = run(MLDIAG + ["no-such-task"])
     assert r.returncode == 4 and "no-such-task" in r.stderr
-    r = run(INV + ["ping", "--no-such-flag"])
+    r = inv("ping", "--no-such-flag", timeout=60)
     assert r.returncode == 1
 
 
@@ -65,7 +65,7 @@ def test_ping_on_the_embedded_local_target_json_only_on_stdout(tmp_path):
 
 
 def test_inv_from_the_repository_uses_its_tasks(tmp_path):
-    r = run(INV + ["--list"])
+    r = inv("--list", timeout=60)
     assert r.returncode == 0
     for name in ("hosts", "ping", "gpu-status", "run-script"):
         assert name in r.stdout
