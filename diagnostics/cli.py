@@ -204,7 +204,7 @@ def internal_error(exc: BaseException) -> str:
 
 
 def show_hosts(opts: Options, *, out: TextIO = None) -> None:
-    from .hops import describe_target
+    from .hops import describe_targets
     out = out or sys.stdout
     try:
         topo = topology.load(opts.hosts_file)
@@ -212,7 +212,7 @@ def show_hosts(opts: Options, *, out: TextIO = None) -> None:
             if (opts.host or opts.group) else list(topo.targets.values())
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
-    rows = [(t.name, describe_target(t)) for t in targets]
+    rows = list(zip([t.name for t in targets], describe_targets(targets)))
     if opts.json:
         json.dump([{"name": name, "chain": chain} for name, chain in rows], out, indent=2)
         out.write("\n")
