@@ -210,9 +210,9 @@ def show_hosts(opts: Options, *, out: TextIO = None) -> None:
         topo = topology.load(opts.hosts_file)
         targets = topo.select(list(_split(opts.host)), list(_split(opts.group))) \
             if (opts.host or opts.group) else list(topo.targets.values())
+        rows = list(zip([t.name for t in targets], describe_targets(targets)))   # ssh -G may refuse
     except InputError as exc:
         raise Exit(f"mldiag: {exc}", code=exc.exit_code)
-    rows = list(zip([t.name for t in targets], describe_targets(targets)))
     if opts.json:
         json.dump([{"name": name, "chain": chain} for name, chain in rows], out, indent=2)
         out.write("\n")

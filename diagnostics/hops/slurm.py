@@ -12,6 +12,9 @@ host's one SSH connection:
    ended by its SSH channel closing).
 Timeouts are enforced on the node by the runtime and by the client: srun's ``-t`` is only
 checked about once a minute.
+
+``SlurmAllocation`` makes moves 1 and 3; each node becomes a ``NodeRow`` (the target under the
+row's name, and its ``SrunStep``) that the runner runs as ``chain_for(target, pool, step)``.
 """
 
 import re

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from diagnostics import bundle, runner, topology
+from diagnostics.errors import InputError
 from diagnostics.hops import Chain, chain_for, describe_targets, transport_for
 from diagnostics.hops.base import ProcessOutput, Transport, TransportError
 from diagnostics.hops.local import LocalTransport
@@ -127,6 +128,26 @@ def test_hosts_output(topo):
         "login": "ssh 10.9.9.7 → srun -p gpu (n[1-2], one step per node) → python3",
         "login4": "ssh 10.9.9.8 → srun (4 nodes, one step per node) → python3",
     }
+
+
+def test_hosts_output_shows_the_jump_ssh_config_adds(tmp_path, monkeypatch):
+    """ProxyJump from ssh_config is part of the chain that runs, so it is part of what prints
+    (the old hosts.yaml-only describer left it out)."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host inner\n  ProxyJump ops@gw:2222\n")
+    monkeypatch.setenv("MLDIAG_SSH_CONFIG", str(config))
+    topo = topology.loads("hosts:\n  inner: {}\n  direct: {address: 10.9.9.9}\n", "h.yaml")
+    assert describe_targets([topo.targets["inner"], topo.targets["direct"]]) == [
+        "ssh inner (via ops@gw:2222) → python3", "ssh 10.9.9.9 → python3"]
+
+
+def test_an_ssh_config_that_ssh_refuses_is_bad_input(tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  NoSuchOption yes\n")
+    monkeypatch.setenv("MLDIAG_SSH_CONFIG", str(config))
+    topo = topology.loads("hosts:\n  a: {address: 10.9.9.9}\n", "h.yaml")
+    with pytest.raises(InputError, match="ssh -G 10.9.9.9 failed"):
+        describe_targets([topo.targets["a"]])
 
 
 def test_building_and_describing_a_chain_opens_nothing(topo):
