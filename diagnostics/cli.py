@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence, TextIO, Union
 
 from . import nodeset, render, runner, termination, topology
 from .bundle import Job
-from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (re-exported)  # noqa: F401 (TargetInputError: re-exported)
+from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
 from .outcome import Outcome
 from .results import Result, exit_code
 from .savedir import SaveDir, result_file_name
