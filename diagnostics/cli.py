@@ -1,6 +1,9 @@
-"""What every task does around its diagnostic: parse common flags, pick targets, run, render, exit.
+"""What every task does around its diagnostic: parse common flags, pick targets, run, render.
 
-Kept out of ``tasks.py`` so the task wrappers stay thin and this stays testable without Invoke.
+The engine half of a task: it returns an ``Outcome`` (results and exit code) or raises one of
+``errors.MldiagError`` (bad input: exit 4; an interrupted run: 130, 143, 129) and never ends
+the process itself; ``tasks.py`` maps both to Invoke's ``Exit``. No engine module imports
+Invoke (only Fabric does, under the SSH transport): tests/unit/test_engine.py.
 """
 
 import json
@@ -10,20 +13,15 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence, TextIO, Union
 
-from invoke import Exit
-
 from . import nodeset, render, runner, termination, topology
 from .bundle import Job
-from .errors import EXIT_INTERRUPTED, InputError
+from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
+from .outcome import Outcome
 from .results import Result, exit_code
 from .savedir import SaveDir, result_file_name
 from .topology import Target
 
 JobSource = Union[Job, Callable[[Target], Job]]
-
-
-class TargetInputError(InputError):
-    """Bad input found while building one target's job (e.g. no model for check-attn)."""
 
 
 @dataclass
@@ -79,16 +77,13 @@ def _read_local(flag: str, path: str) -> bytes:
 
 def script_file_job(path: str, argv: Sequence[str], puts: Sequence[str]) -> Job:
     """``run-script``: the user's script and its ``--put`` files, all inside the bundle."""
-    try:
-        source = _read_local("run-script", path)
-        extra = {}
-        for put in puts:
-            name = os.path.basename(put)
-            if name in extra or name == os.path.basename(path):
-                raise InputError(f"--put {put}: two uploaded files would be named {name!r}")
-            extra[name] = _read_local("--put", put)
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    source = _read_local("run-script", path)
+    extra = {}
+    for put in puts:
+        name = os.path.basename(put)
+        if name in extra or name == os.path.basename(path):
+            raise InputError(f"--put {put}: two uploaded files would be named {name!r}")
+        extra[name] = _read_local("--put", put)
     return Job(diagnostic="run-script", script_name=os.path.basename(path), script_source=source,
                argv=tuple(argv), mode="script", extra_files=extra)
 
@@ -126,19 +121,18 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
-            after_table: Optional[Callable[[List[Result], TextIO], None]] = None) -> List[Result]:
-    """Run ``job`` on the selected targets and print; raises ``Exit`` with the exit code."""
+            after_table: Optional[Callable[[List[Result], TextIO], None]] = None) -> Outcome:
+    """Run ``job`` on the selected targets and print; the outcome's code is the worst status's.
+    InputError before anything connects; ``errors.Interrupted`` after Ctrl-C, TERM or HUP
+    (what arrived is saved first)."""
     out = out or sys.stdout
-    try:
-        timeout = parse_positive_number("--timeout", opts.timeout)
-        parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
-        targets = select_targets(opts)
-        if callable(job):
-            for target in targets:   # every target's job is checked before anything runs
-                job(target)
-        save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    timeout = parse_positive_number("--timeout", opts.timeout)
+    parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
+    targets = select_targets(opts)
+    if callable(job):
+        for target in targets:   # every target's job is checked before anything runs
+            job(target)
+    save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
 
     def job_for(target: Target) -> Job:
         j = job(target) if callable(job) else job
@@ -169,11 +163,8 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             save_summary(save, list(finished), interrupted=sorted(
                 t.name for t in targets if t.name not in done and t.slurm is None),
                 interrupted_code=code)
-        raise Exit(f"mldiag: {termination.describe(interrupt)} ({len(finished)} of {len(targets)} "
-                   f"targets finished" + (f", saved in {opts.save})" if opts.save else ")"),
-                   code=code)
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+        raise termination.interrupted(interrupt, f"{len(finished)} of {len(targets)} targets "
+                                      "finished" + (f", saved in {opts.save}" if opts.save else ""))
     finally:
         progress.done()
     if save is not None:
@@ -185,10 +176,7 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         details = render.render_diff if opts.diff else after_table
         render.render_table(results, out, details=details)
     out.flush()
-    code = exit_code(results)
-    if code:
-        raise Exit(code=code)
-    return results
+    return Outcome(results, exit_code(results))
 
 
 def internal_error(exc: BaseException) -> str:
@@ -204,15 +192,14 @@ def internal_error(exc: BaseException) -> str:
 
 
 def show_hosts(opts: Options, *, out: TextIO = None) -> None:
-    from .hops import describe_target
+    """``hosts``: each target and its hop chain; InputError for a bad hosts.yaml or selection
+    (or an ssh_config that ``ssh -G`` refuses)."""
+    from .hops import describe_targets
     out = out or sys.stdout
-    try:
-        topo = topology.load(opts.hosts_file)
-        targets = topo.select(list(_split(opts.host)), list(_split(opts.group))) \
-            if (opts.host or opts.group) else list(topo.targets.values())
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
-    rows = [(t.name, describe_target(t)) for t in targets]
+    topo = topology.load(opts.hosts_file)
+    targets = topo.select(list(_split(opts.host)), list(_split(opts.group))) \
+        if (opts.host or opts.group) else list(topo.targets.values())
+    rows = list(zip([t.name for t in targets], describe_targets(targets)))
     if opts.json:
         json.dump([{"name": name, "chain": chain} for name, chain in rows], out, indent=2)
         out.write("\n")

@@ -1,4 +1,8 @@
-"""One exception base for everything mldiag itself rejects; exit codes are mapped in one place."""
+"""One exception base for everything mldiag itself rejects, and the exit codes.
+
+The engine (``cli``, ``runbook_run``) raises these or returns an ``outcome.Outcome``; only the
+task layer (``tasks.MldiagTask``) turns either into Invoke's ``Exit`` and a process exit code.
+"""
 
 from typing import Optional
 
@@ -7,7 +11,7 @@ EXIT_WARN = 1
 EXIT_FAIL = 2
 EXIT_ERROR = 3
 EXIT_BAD_INPUT = 4
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130   # Ctrl-C; TERM and HUP end with 128 + the signal (termination.py)
 
 
 class MldiagError(Exception):
@@ -37,3 +41,18 @@ class InputError(MldiagError):
         if key:
             prefix += f"{key}: "
         super().__init__(prefix + message)
+
+
+class TargetInputError(InputError):
+    """Bad input found while building one target's job (e.g. no model for check-attn): a task
+    reports it (exit 4), a runbook skips that step on that target."""
+
+
+class Interrupted(MldiagError):
+    """Ctrl-C, TERM or HUP ended a run before every target finished. ``str()`` is the message,
+    e.g. ``interrupted (1 of 2 targets finished, saved in out)``; ``exit_code`` is 130, or
+    128 + the signal (143, 129). Built by ``termination.interrupted``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_INTERRUPTED):
+        super().__init__(message)
+        self.exit_code = exit_code

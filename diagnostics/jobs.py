@@ -3,9 +3,10 @@
 Each diagnostic task declares its arguments once (``TASKS``): the name used on the command
 line and in a runbook step (``max-tokens``), the script flag it becomes, its kind and help.
 ``job_source(task, values)`` returns a ``Target -> Job`` callable; it raises
-``cli.TargetInputError`` for a target that lacks a setting the job needs (no ``models:`` entry
-for ``check-attn``), which a task reports as bad input (exit 4) and a runbook as a skipped
-step on that target.
+``errors.TargetInputError`` for a target that lacks a setting the job needs (no ``models:``
+entry for ``check-attn``), which a task reports as bad input (exit 4) and a runbook as a
+skipped step on that target. Nothing here imports the transports or Invoke: the runbook
+model (``runbook.py``) builds on it.
 
 ``run-script`` is not here: its job comes from local files (``cli.script_file_job``).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import bundle
-from .cli import TargetInputError
+from .errors import TargetInputError
 from .topology import Target
 
 KINDS = ("text", "int", "bool", "model")

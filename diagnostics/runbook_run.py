@@ -18,6 +18,9 @@ Semantics (README "Runbooks" says the same for users):
 - The exit code is the worst status of the steps that ran (skipped ones do not count);
   130 when interrupted, 143 / 129 when ended by TERM / HUP (the report of what ran is still
   written).
+
+``execute`` and ``list_runbooks`` return an ``outcome.Outcome`` or raise ``InputError``;
+the task layer alone turns them into an exit (nothing here imports Invoke).
 """
 
 import json
@@ -28,12 +31,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from invoke import Exit
-
 from . import __version__, cli, jobs, render, report, runbook, runner, termination, topology
 from .bundle import Job
-from .errors import EXIT_INTERRUPTED, InputError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, InputError, TargetInputError
 from .hops.ssh import SshPool
+from .outcome import Outcome
 from .results import Result, exit_code, worst_status
 from .runbook import Runbook, Step
 from .savedir import SaveDir, result_file_name
@@ -81,6 +83,7 @@ class RunbookRun:
     steps: List[StepRun] = field(default_factory=list)
     interrupted: bool = False
     interrupted_code: int = EXIT_INTERRUPTED   # 130 for Ctrl-C, 143 / 129 for TERM / HUP
+    interrupted_as: str = "interrupted"        # or "terminated (SIGTERM)": for the message
 
     @property
     def results(self) -> List[Result]:
@@ -101,7 +104,7 @@ def _owner_of(name: str, targets: Sequence[Target]) -> str:
 
 
 def _job_for(step: Step, values: Dict[str, str], target: Target) -> Job:
-    """The step's job on one target: MissingValue or cli.TargetInputError when it cannot run."""
+    """The step's job on one target: MissingValue or TargetInputError when it cannot run."""
     return jobs.job_source(step.task, step.resolve(values, target))(target)
 
 
@@ -128,7 +131,7 @@ def _plan(sr: StepRun, targets: Sequence[Target], values: Dict[str, str],
             if skip is None:
                 try:
                     _job_for(step, values, target)
-                except (runbook.MissingValue, cli.TargetInputError) as exc:
+                except (runbook.MissingValue, TargetInputError) as exc:
                     skip = Skip(target.name, "setting", str(exc))
         if skip is None:
             eligible.append(target)
@@ -205,6 +208,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             except KeyboardInterrupt as interrupt:   # Ctrl-C, TERM or HUP
                 record.interrupted = True
                 record.interrupted_code = termination.exit_code_of(interrupt)
+                record.interrupted_as = termination.describe(interrupt)
                 sr.results = list(arrived)
                 answered = {sr.owner(r) for r in arrived}
                 sr.skipped += [Skip(t.name, "interrupted", "the run was interrupted")
@@ -271,27 +275,26 @@ class _SavedRun:
 
 def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
             runbooks_dirs: Sequence[str] = (), fmt: Optional[str] = None,
-            out: Optional[TextIO] = None) -> RunbookRun:
-    """``runbook NAME``: run it, print the report, write it to ``--save``; raises ``Exit``."""
+            out: Optional[TextIO] = None) -> Outcome:
+    """``runbook NAME``: run it, print the report, write it to ``--save``. The outcome holds the
+    RunbookRun and its exit code, also when interrupted (the report of what ran is written);
+    InputError before anything connects."""
     out = out or sys.stdout
     fmt = "json" if opts.json else (fmt or "md")
-    try:
-        if fmt not in FORMATS:
-            raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-        if not name:
-            raise InputError("name a runbook: `runbook NAME` (`runbook --list` shows them)")
-        if name.startswith("-"):   # Invoke hands a task's positional whatever comes first
-            raise InputError(f"{name!r} is not a runbook name (help: `inv --help runbook`; "
-                             "`runbook --list` shows the runbooks)")
-        timeout = cli.parse_positive_number("--timeout", opts.timeout)
-        parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
-        book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
-        given = _parse_params(params)
-        book.param_values(given)
-        targets = cli.select_targets(opts)
-        save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    if fmt not in FORMATS:
+        raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    if not name:
+        raise InputError("name a runbook: `runbook NAME` (`runbook --list` shows them)")
+    if name.startswith("-"):   # Invoke hands a task's positional whatever comes first
+        raise InputError(f"{name!r} is not a runbook name (help: `inv --help runbook`; "
+                         "`runbook --list` shows the runbooks)")
+    timeout = cli.parse_positive_number("--timeout", opts.timeout)
+    parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
+    book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
+    given = _parse_params(params)
+    book.param_values(given)
+    targets = cli.select_targets(opts)
+    save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
 
     live = sys.stderr.isatty()
 
@@ -309,8 +312,6 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
         record = run(book, targets, given, parallel=parallel or runner.DEFAULT_PARALLEL,
                      timeout=timeout, keep_remote=opts.keep_remote, on_result=on_result,
                      on_step=on_step)
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
     finally:
         if live:
             sys.stderr.write("\r\033[K")
@@ -328,9 +329,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     else:
         report.render_markdown(record, out, version=__version__, appendix=not _isatty(out))
     out.flush()
-    if record.exit_code:
-        raise Exit("mldiag: interrupted" if record.interrupted else None, code=record.exit_code)
-    return record
+    return Outcome(record, record.exit_code, (record.interrupted_as,) if record.interrupted else ())
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -341,14 +340,11 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as_json: bool = False,
-                  out: Optional[TextIO] = None) -> None:
+                  out: Optional[TextIO] = None) -> Outcome:
     """``runbook --list``: every runbook found, with its description and parameters. A broken
     file is named on stderr (file:line) and makes the exit code 4; the others are still listed."""
     out = out or sys.stdout
-    try:
-        found = runbook.files(_dirs(hosts_file, runbooks_dirs))
-    except InputError as exc:
-        raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+    found = runbook.files(_dirs(hosts_file, runbooks_dirs))
     books, errors = [], []
     for name, (path, label) in found.items():
         try:
@@ -365,5 +361,4 @@ def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as
     else:
         report.render_list(books, out)
     out.flush()
-    if errors:
-        raise Exit("\n".join(f"mldiag: {exc}" for exc in errors), code=errors[0].exit_code)
+    return Outcome(books, errors[0].exit_code if errors else EXIT_OK, tuple(map(str, errors)))

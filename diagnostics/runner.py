@@ -6,17 +6,17 @@ through ``wire.read_result``: a malformed one is the target's ``protocol`` row),
 ``run_one`` except KeyboardInterrupt.
 """
 
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from . import bundle, redact, wire
 from .errors import InputError
-from .hops import chain_for, local
+from .hops import chain_for, local, transport_for
 from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
                         out_of_descriptors)
+from .hops.slurm import SlurmAllocation, SrunStep, allocate_all
 from .hops.ssh import SshPool, SshTransport
 from .results import Result
 from .topology import Target
@@ -30,15 +30,17 @@ def _tail(data: bytes, limit: int = 8192) -> str:
     return data[-limit:].decode("utf-8", "replace")
 
 
-def run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
-    """The target's result, secrets masked (DESIGN.md §3: nothing secret in any output)."""
-    result = _run_one(target, job, pool)
+def run_one(target: Target, job: bundle.Job, pool: SshPool, *,
+            step: Optional[SrunStep] = None) -> Result:
+    """The target's result, secrets masked (DESIGN.md §3: nothing secret in any output).
+    ``step``: run as that step of a Slurm allocation (a node row)."""
+    result = _run_one(target, job, pool, step)
     clean = Result.from_dict(redact.redact_document(result.to_dict(), target.env_dict))
     clean.duration_s = result.duration_s
     return clean
 
 
-def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
+def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[SrunStep]) -> Result:
     started = time.monotonic()
     timeout = job.timeout if job.timeout is not None else target.timeout
 
@@ -47,7 +49,7 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
                               duration_s=time.monotonic() - started, **kw)
 
     try:
-        chain = chain_for(target, pool)
+        chain = chain_for(target, pool, step)
         nonce = bundle.new_nonce()
         header = bundle.build_header(job, target=target.name, timeout=timeout,
                                      env=target.env_dict, activate=target.activate,
@@ -94,102 +96,6 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool) -> Result:
     return failed("internal", f"no result from the runtime: {reason}", stderr=stderr)
 
 
-class SlurmAllocation:
-    """A login target's allocation: one row target per node, released with ``release()``."""
-
-    def __init__(self, target: Target, pool: SshPool, job: bundle.Job):
-        self.target = target
-        self.pool = pool
-        self.job = job
-        self.jobid: Optional[str] = None
-        self.rows: List[Target] = []
-        self.failure: Optional[Result] = None
-        self._login = None
-        self._lock = threading.Lock()
-        self._released = False
-        self._requested = False      # salloc was sent: a job (pending or granted) may exist
-        from .hops import slurm
-        self.job_name = slurm.job_name()   # unique: a pending request is cancelled by its name
-
-    def allocate(self) -> "SlurmAllocation":
-        from dataclasses import replace
-        from .hops import slurm
-        started = time.monotonic()
-        t = self.target
-        base = t.name.split(":", 1)[0]
-        queue_timeout = self.job.timeout if self.job.timeout is not None else t.timeout
-        try:
-            login = chain_for(replace(t, slurm=None, container=None, become=None), self.pool).transport
-            with self._lock:
-                if self._released:
-                    raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
-                self._login, self._requested = login, True
-            deadline = time.monotonic() + queue_timeout + CLIENT_GRACE_S
-            out = login.run(slurm.salloc_argv(t.slurm, queue_timeout, self.job_name), b"", deadline)
-            text = (out.stderr + out.stdout).decode("utf-8", "replace")
-            with self._lock:
-                self.jobid = slurm.parse_granted(text)
-                released_meanwhile = self._released
-            if released_meanwhile:   # released while salloc ran: granted meanwhile, or not
-                self._cancel()
-                raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
-            if not self.jobid:
-                reason = first_line("\n".join(l for l in text.splitlines() if "error" in l.lower())
-                                    or text) or f"exit {out.exit_code}"
-                raise TransportError("unreachable", f"salloc on {base} got no allocation: {reason}",
-                                     text[-4000:])
-            nodes = slurm.node_names(t.slurm)
-            if not nodes:
-                out = self._login.run(slurm.squeue_nodes_argv(self.jobid), b"", deadline)
-                try:
-                    nodes = slurm.allocated_nodes(out.stdout.decode("utf-8", "replace"))
-                except ValueError as exc:
-                    raise TransportError("unreachable", f"allocation {self.jobid} on {base}: {exc}",
-                                         (out.stderr + out.stdout[:4000]).decode("utf-8", "replace"))
-            self.rows = [replace(t, name=f"{base}:{node}", slurm_step=(self.jobid, node))
-                         for node in nodes]
-        except TransportError as exc:
-            self.failure = Result.failure(self.job.diagnostic, t.name, exc.layer, exc.message,
-                                          stderr=exc.stderr, duration_s=time.monotonic() - started)
-        except Exception as exc:
-            self.failure = Result.failure(self.job.diagnostic, t.name, "internal",
-                                          f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
-                                          duration_s=time.monotonic() - started)
-        return self
-
-    def release(self) -> None:
-        """``scancel`` the allocation; called once the run is over, in every outcome. While
-        salloc still waits in the queue (an interrupted run), the pending request is cancelled
-        by its job name: closing the SSH channel does not end a salloc that has no terminal."""
-        with self._lock:
-            self._released = True
-            requested = self._requested
-        if requested:
-            self._cancel()
-
-    def _cancel(self) -> None:
-        from .hops import slurm
-        argv = slurm.scancel_argv(self.jobid) if self.jobid else slurm.scancel_name_argv(self.job_name)
-        try:
-            self._login.run(argv, b"", time.monotonic() + 30)
-        except Exception:
-            pass
-
-
-def _expand_slurm(targets: Sequence[Target], job_for, pool: SshPool, ex,
-                  allocations: List["SlurmAllocation"]) -> List[object]:
-    """Each Slurm login target becomes its allocation (made in parallel); others stay.
-    Each allocation joins ``allocations`` before it is waited for, so an interrupt during
-    the queue wait still releases it."""
-    pending = {}
-    for i, t in enumerate(targets):
-        if t.slurm is not None and t.slurm_step is None:
-            allocation = SlurmAllocation(t, pool, job_for(t))
-            allocations.append(allocation)
-            pending[i] = ex.submit(allocation.allocate)
-    return [pending[i].result() if i in pending else t for i, t in enumerate(targets)]
-
-
 def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target], bundle.Job]], *,
              parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
              on_result: Optional[Callable[[Result], None]] = None) -> List[Result]:
@@ -205,13 +111,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     ex = ThreadPoolExecutor(max_workers=workers)
     allocations: List[SlurmAllocation] = []
     try:
-        # Slurm login targets become one row per node; a failed allocation is its own row.
-        planned: List[Union[Target, Result]] = []
-        for item in _expand_slurm(targets, job_for, pool, ex, allocations):
-            if isinstance(item, SlurmAllocation):
-                planned.extend([item.failure] if item.failure else item.rows)
-            else:
-                planned.append(item)
+        planned = _plan(targets, job_for, pool, ex, allocations)
         results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
         # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs
         with ThreadPoolExecutor(max_workers=max(1, workers // 2)) as resolver:
@@ -221,8 +121,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
                 pool.plan(endpoint)
 
         def run_and_finish(i: int) -> Result:
+            target, step = planned[i]
             try:
-                return run_one(planned[i], job_for(planned[i]), pool)
+                return run_one(target, job_for(target), pool, step=step)
             finally:
                 if endpoints[i] is not None:
                     pool.finished(endpoints[i])
@@ -251,13 +152,49 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
             pool.close()
 
 
-def _endpoint_of(planned: Union[Target, Result], pool: SshPool):
+Placed = Tuple[Target, Optional[SrunStep]]   # a target, and the Slurm step it runs as (a node row)
+
+
+def _plan(targets: Sequence[Target], job_for, pool: SshPool, ex,
+          allocations: List[SlurmAllocation]) -> List[Union[Placed, Result]]:
+    """What runs: each target as it is, except that a Slurm login target becomes one row per
+    node of its allocation (or, with none, its failure as its own row)."""
+    diagnostic_of = {}
+
+    def allocation_for(t: Target) -> SlurmAllocation:
+        job = job_for(t)
+        queue_timeout = job.timeout if job.timeout is not None else t.timeout
+        allocation = SlurmAllocation(t, lambda: transport_for(t, pool), queue_timeout, CLIENT_GRACE_S)
+        diagnostic_of[id(allocation)] = job.diagnostic
+        return allocation
+
+    planned: List[Union[Placed, Result]] = []
+    for item in allocate_all(targets, allocation_for, ex.submit, allocations):
+        if not isinstance(item, SlurmAllocation):
+            planned.append((item, None))
+        elif item.failure is None:
+            planned.extend((row.target, row.step) for row in item.rows)
+        else:
+            planned.append(_allocation_failed(item, diagnostic_of[id(item)]))
+    return planned
+
+
+def _allocation_failed(allocation: SlurmAllocation, diagnostic: str) -> Result:
+    exc, name = allocation.failure, allocation.target.name
+    if isinstance(exc, TransportError):
+        return Result.failure(diagnostic, name, exc.layer, exc.message, stderr=exc.stderr,
+                              duration_s=allocation.duration_s)
+    return Result.failure(diagnostic, name, "internal", f"{type(exc).__name__}: {exc}",
+                          traceback=allocation.failure_traceback, duration_s=allocation.duration_s)
+
+
+def _endpoint_of(planned: Union[Placed, Result], pool: SshPool):
     """The SSH endpoint a planned target connects through (None: local, or not resolvable;
     run_one then reports why)."""
-    if isinstance(planned, Result) or planned.local:
+    if isinstance(planned, Result) or planned[0].local:
         return None
     try:
-        transport = chain_for(planned, pool).transport
+        transport = transport_for(planned[0], pool)
     except Exception:
         return None
     return transport.endpoint if isinstance(transport, SshTransport) else None

@@ -1,4 +1,8 @@
-"""The task collection: thin @task wrappers over ``cli``; no logic lives here."""
+"""The task collection: thin @task wrappers over the engine (``cli``, ``runbook_run``).
+
+The engine returns an ``Outcome`` or raises an ``errors.MldiagError``; ``MldiagTask.__call__``
+is the one place either becomes Invoke's ``Exit`` (the process's exit code and stderr).
+"""
 
 import json as jsonlib
 import os
@@ -8,7 +12,8 @@ from typing import Optional
 from invoke import Argument, Collection, Exit, Task, task
 
 from . import cli, jobs, render, termination
-from .errors import EXIT_INTERRUPTED
+from .errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
+from .outcome import Outcome
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
 SHORT_FLAGS = {"host": "H", "group": "g"}
@@ -24,30 +29,27 @@ class MldiagTask(Task):
         super().__init__(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        """Never a raw traceback on the terminal: our own bugs are named, their traceback saved.
-        SIGTERM and SIGHUP end the run as Ctrl-C does, with exit 128 + signal (``termination``)."""
-        with termination.terminates_like_ctrl_c() as received:
-            return self._call_mapped(received, *args, **kwargs)
-
-    def _call_mapped(self, received, *args, **kwargs):
-        try:
-            return super().__call__(*args, **kwargs)
-        except Exit as exc:
-            signal = received.signal
-            if signal is not None and exc.code in (EXIT_INTERRUPTED, signal.exit_code):
-                # an engine that handled the interrupt itself (runbooks) says "interrupted"
-                message = (exc.message or "mldiag: interrupted").replace(
-                    "interrupted", termination.describe(signal), 1)
-                raise Exit(message, code=signal.exit_code) from None
-            raise
-        except KeyboardInterrupt as exc:
-            raise Exit(f"mldiag: {termination.describe(exc)}", code=termination.exit_code_of(exc))
-        except BrokenPipeError:  # `mldiag ... | head`: the reader left; that is not an error
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            raise Exit(code=0)
-        except Exception as exc:
-            raise Exit(cli.internal_error(exc), code=3)
+        """The task's outcome, or mldiag's error, as the process's exit (the one place a run
+        becomes an ``Exit``; program.py adds Invoke's own parse errors). Never a raw traceback on the terminal: our own bugs are named, their traceback
+        saved. SIGTERM and SIGHUP end the run as Ctrl-C does: exit 128 + signal
+        (``termination``)."""
+        with termination.terminates_like_ctrl_c():
+            try:
+                outcome = super().__call__(*args, **kwargs)
+            except MldiagError as exc:   # bad input (4); a run interrupted after saving (130 ...)
+                raise Exit(f"mldiag: {exc}", code=exc.exit_code)
+            except KeyboardInterrupt as exc:   # before or after the engine's own handling
+                raise Exit(f"mldiag: {termination.describe(exc)}",
+                           code=termination.exit_code_of(exc))
+            except BrokenPipeError:  # `mldiag ... | head`: the reader left; that is not an error
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                raise Exit(code=EXIT_OK)
+            except Exception as exc:
+                raise Exit(cli.internal_error(exc), code=EXIT_ERROR)
+        if isinstance(outcome, Outcome) and (outcome.exit_code or outcome.messages):
+            raise Exit(outcome.stderr_text(), code=outcome.exit_code)
+        return outcome
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -90,7 +92,7 @@ def ping(c, host=None, group=None, hosts_file=None, json=False, save=None, paral
          timeout=None, keep_remote=False, diff=False):
     """Check every layer: ssh, jump, sudo, container, interpreter, private temp dir."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    cli.execute(opts, jobs.job_source("ping", {}))
+    return cli.execute(opts, jobs.job_source("ping", {}))
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("gpu-status")))
@@ -99,7 +101,7 @@ def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None
     """Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, throttling."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     job = jobs.job_source("gpu-status", dict(kernel_log_file=kernel_log_file, expect_idle=expect_idle))
-    cli.execute(opts, job, after_table=render.render_gpus)
+    return cli.execute(opts, job, after_table=render.render_gpus)
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("check-attn")))
@@ -108,7 +110,7 @@ def check_attn(c, model=None, attn_implementation=None, model_class=None, host=N
                keep_remote=False, diff=False):
     """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    cli.execute(opts, jobs.job_source("check-attn", dict(
+    return cli.execute(opts, jobs.job_source("check-attn", dict(
         model=model, attn_implementation=attn_implementation, model_class=model_class)))
 
 
@@ -120,8 +122,8 @@ def env_report(c, full=False, imports=None, packages=None, host=None, group=None
     """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
     opts.diff = opts.diff or not full
-    cli.execute(opts, jobs.job_source("env-report", dict(imports=imports, packages=packages)),
-                after_table=None if opts.diff else render.render_full)
+    job = jobs.job_source("env-report", dict(imports=imports, packages=packages))
+    return cli.execute(opts, job, after_table=None if opts.diff else render.render_full)
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("extract-smoke")))
@@ -130,7 +132,7 @@ def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=N
                   json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
     """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    cli.execute(opts, jobs.job_source("extract-smoke", dict(
+    return cli.execute(opts, jobs.job_source("extract-smoke", dict(
         model=model, layers=layers, samples=samples, data=data, backend=backend,
         max_tokens=max_tokens, device=device, dtype=dtype)))
 
@@ -140,7 +142,7 @@ def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=F
              parallel=None, timeout=None, keep_remote=False, diff=False):
     """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
-    cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
+    return cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
 
 
 @task(klass=MldiagTask, iterable=["arg", "put"], help=_help(
@@ -158,11 +160,11 @@ def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=Non
         try:
             extra = jsonlib.loads(args_json)
         except ValueError as exc:
-            raise Exit(f"mldiag: --args-json: not JSON ({exc})", code=4)
+            raise InputError(f"--args-json: not JSON ({exc})")
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-            raise Exit("mldiag: --args-json: expected a JSON list of strings", code=4)
+            raise InputError("--args-json: expected a JSON list of strings")
         argv += extra
-    cli.execute(opts, cli.script_file_job(path, argv, put or []))
+    return cli.execute(opts, cli.script_file_job(path, argv, put or []))
 
 
 class _ListFlag(Argument):
@@ -201,10 +203,10 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
     """Run a runbook's steps on the targets and print one report (Markdown or JSON)."""
     from . import runbook_run   # here: every other task's start-up skips its import (~40 ms)
     if list_:
-        runbook_run.list_runbooks(hosts_file, runbooks_dir or [], as_json=json)
-        return
+        return runbook_run.list_runbooks(hosts_file, runbooks_dir or [], as_json=json)
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False)
-    runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [], fmt=format)
+    return runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [],
+                               fmt=format)
 
 
 ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, run_script,

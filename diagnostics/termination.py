@@ -16,7 +16,7 @@ import signal
 import threading
 from typing import Iterator, Optional
 
-from .errors import EXIT_INTERRUPTED
+from .errors import EXIT_INTERRUPTED, Interrupted
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                 if s is not None)
@@ -46,6 +46,13 @@ def exit_code_of(interrupt: BaseException) -> int:
 def describe(interrupt: BaseException) -> str:
     """``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``, for ``mldiag: ...`` messages."""
     return f"terminated ({interrupt.name})" if isinstance(interrupt, Terminated) else "interrupted"
+
+
+def interrupted(interrupt: BaseException, detail: Optional[str] = None) -> Interrupted:
+    """The error an engine raises after handling ``interrupt`` (what arrived saved), e.g.
+    ``terminated (SIGTERM) (1 of 2 targets finished)`` with exit 143."""
+    message = describe(interrupt) + (f" ({detail})" if detail else "")
+    return Interrupted(message, exit_code_of(interrupt))
 
 
 class _Received:

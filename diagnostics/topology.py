@@ -108,8 +108,6 @@ class Target:
     slurm: Optional[Slurm] = None
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
-    # Set by the runner on a Slurm node row (``cluster-a:n3``): (allocation job id, node name).
-    slurm_step: Optional[Tuple[str, str]] = None
 
     @property
     def env_dict(self) -> Dict[str, str]:

@@ -1,13 +1,19 @@
-"""Hop chains: ``transport (local | ssh) → [sudo] → [container] → interpreter``."""
+"""Hop chains: ``transport (local | ssh) → [srun] → [sudo] → [container] → interpreter``.
 
+``chain_for`` is the one place a target becomes a chain: the runner runs what it builds, and
+``inv hosts`` prints that same chain's ``describe()``.  Building a chain opens nothing.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ..topology import Target
-from .base import Classification, Wrapper
+from ..topology import SshHost, Target
+from .base import Classification, Transport, Wrapper
 from .containers import for_container
 from .interpreter import Interpreter
 from .local import LocalTransport
+from .slurm import SrunStep, SrunSteps
 from .ssh import SshPool, SshTransport
 from .sshconfig import resolve
 from .sudo import Sudo
@@ -16,7 +22,7 @@ from .sudo import Sudo
 @dataclass
 class Chain:
     target: Target
-    transport: object                    # LocalTransport | SshTransport
+    transport: Transport
     wrappers: List[Wrapper]              # outermost first
     interpreter: Interpreter
 
@@ -30,37 +36,6 @@ class Chain:
         parts = [self.transport.describe()] + [w.describe() for w in self.wrappers]
         return " → ".join(parts + [self.interpreter.describe()])
 
-    def put(self, data: bytes, dest: str, *, timeout: float = 60.0) -> None:
-        """Place ``data`` at ``dest`` (mode 0600) in the innermost level, one level at a time:
-        to the host (SFTP or a local file), then pushed in by the container's own tool.
-        The streamed bundle does not need this; it is the general file-transfer path."""
-        import time
-        from .ssh import TransportError
-        container = self.wrappers[-1] if self.wrappers and self.wrappers[-1].kind != "sudo" else None
-        if container is None:
-            self.transport.put(data, dest)
-            return
-        deadline = time.monotonic() + timeout
-        made = self.transport.run(["mktemp", "-d"], b"", deadline)
-        stage = made.stdout.decode().strip()
-        if made.exit_code != 0 or not stage.startswith("/"):
-            raise TransportError("upload", f"mktemp -d on the host failed: {made.stderr.decode()[-300:]}")
-        try:
-            if getattr(container, "put_reads_stdin", False):
-                argv, payload = container.put_argv("/dev/stdin", dest), data
-            else:
-                self.transport.put(data, f"{stage}/file")
-                argv, payload = container.put_argv(f"{stage}/file", dest), b""
-            for hop in reversed(self.wrappers[:-1]):
-                argv = hop.wrap(argv)
-            out = self.transport.run(argv, payload, deadline)
-            if out.exit_code != 0:
-                layer, reason = self.classify(out.exit_code, out.stderr.decode(errors="replace")) or (
-                    "upload", out.stderr.decode(errors="replace").strip()[-300:])
-                raise TransportError(layer, f"put {dest}: {reason}")
-        finally:
-            self.transport.run(["rm", "-rf", "--", stage], b"", deadline)
-
     def classify(self, exit_code: Optional[int], stderr: str, stdout: str = "") -> Classification:
         """The outermost hop that recognises the failure names it; else the interpreter's."""
         for hop in self.wrappers:
@@ -70,55 +45,43 @@ class Chain:
         return self.interpreter.classify(exit_code, stderr, stdout)
 
 
-def bootstrap_python(target: Target) -> str:
-    """With ``activate:``, the bootstrap runs before activation: a bare name like ``python``
-    may only exist afterwards, so it starts under ``python3`` (an absolute path is kept)."""
-    if target.activate and not target.python.startswith("/"):
-        return "python3"
-    return target.python
+def _as_written(host: SshHost) -> str:
+    user = f"{host.user}@" if host.user else ""
+    port = f":{host.port}" if host.port else ""
+    return f"ssh {user}{host.address or host.name}{port}"
 
 
-def describe_target(target: Target) -> str:
-    """The chain as the ``hosts`` task prints it, without opening anything."""
+def transport_for(target: Target, pool: SshPool) -> Transport:
+    """The target's machine: local, or its SSH endpoint (resolved through ``ssh -G``, not
+    connected: the pool connects on the first run)."""
     if target.local:
-        parts = ["local"]
-    else:
-        h = target.host
-        user = f"{h.user}@" if h.user else ""
-        port = f":{h.port}" if h.port else ""
-        parts = [f"ssh {user}{h.address or h.name}{port}"]
-        vias, jump = [], h.jump
-        while jump is not None:
-            vias.append(jump.name)
-            jump = jump.jump
-        if vias:
-            parts[0] += f" (via {', '.join(reversed(vias))})"
-    if target.slurm:
-        from .slurm import node_names
-        nodes = target.slurm.nodelist if node_names(target.slurm) else f"{target.slurm.nodes} nodes"
-        partition = f" -p {target.slurm.partition}" if target.slurm.partition else ""
-        parts.append(f"srun{partition} ({nodes}, one step per node)")
-    if target.become:
-        parts.append("sudo")
-    if target.container:
-        parts.append(for_container(target.container).describe())
-    if target.activate:
-        parts.append("activate " + " ".join(target.activate))
-    parts.append(target.python)
-    return " → ".join(parts)
+        return LocalTransport()
+    return SshTransport(resolve(target.host), pool, shown=_as_written(target.host))
 
 
-def chain_for(target: Target, pool: SshPool) -> Chain:
-    if target.local:
-        transport = LocalTransport()
-    else:
-        transport = SshTransport(resolve(target.host), pool)
+def chain_for(target: Target, pool: SshPool, step: Optional[SrunStep] = None) -> Chain:
+    """The target's chain; ``step`` places it on one node of a Slurm allocation.  A Slurm
+    login target without one gets the planned ``SrunSteps`` hop (described, never run)."""
     wrappers: List[Wrapper] = []
-    if target.slurm_step:
-        from .slurm import SrunStep
-        wrappers.append(SrunStep(*target.slurm_step))
+    if step is not None:
+        wrappers.append(step)
+    elif target.slurm is not None:
+        wrappers.append(SrunSteps(target.slurm))
     if target.become:
         wrappers.append(Sudo())
     if target.container:
         wrappers.append(for_container(target.container))
-    return Chain(target, transport, wrappers, Interpreter(bootstrap_python(target)))
+    return Chain(target, transport_for(target, pool), wrappers,
+                 Interpreter(target.python, target.activate))
+
+
+# ssh -G runs at once for `inv hosts` (a child each; cached per alias within the process)
+_DESCRIBE_WORKERS = 8
+
+
+def describe_targets(targets: Sequence[Target]) -> List[str]:
+    """What ``inv hosts`` prints per target: the chain the runner would build, described,
+    with nothing opened."""
+    pool = SshPool()   # never connects: nothing here runs a command
+    with ThreadPoolExecutor(max_workers=_DESCRIBE_WORKERS) as ex:
+        return list(ex.map(lambda t: chain_for(t, pool).describe(), targets))

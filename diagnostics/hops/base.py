@@ -1,9 +1,11 @@
 """The hop contract: a transport runs an argv; a wrapper rewrites an argv one level further in.
 
-A chain is ``transport (local | ssh) → [sudo] → [container] → interpreter``.  Wrappers never
-subclass each other; they stack by wrapping the argv of the hop inside them (Mitogen's ``via``).
+A chain is ``transport (local | ssh) → [srun] → [sudo] → [container] → interpreter``.  Wrappers
+never subclass each other; they stack by wrapping the argv of the hop inside them (Mitogen's
+``via``).  A transport is one small class per way of reaching a machine (pyinfra's connectors).
 """
 
+import abc
 import errno
 import json
 import os
@@ -21,16 +23,12 @@ Classification = Optional[Tuple[str, str]]   # (error layer, one-line reason) or
 
 
 class Wrapper:
-    """One in-process hop (sudo, a container runtime)."""
+    """One hop inside a transport (srun, sudo, a container runtime): it only rewrites argv."""
 
     kind = "?"
 
     def wrap(self, argv: Sequence[str]) -> List[str]:
         raise NotImplementedError
-
-    def put_argv(self, src: str, dest: str) -> List[str]:
-        """argv, run one level out, that places ``src`` (a path there) at ``dest`` inside."""
-        raise NotImplementedError(f"the {self.kind} hop does not support put")
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -48,6 +46,36 @@ class TransportError(Exception):
         self.layer = layer
         self.message = message
         self.stderr = stderr
+
+
+class Transport(abc.ABC):
+    """How a chain reaches a machine: the outermost hop, the only one that moves bytes.
+
+    Building one opens nothing (``inv hosts`` describes chains it never runs); the first
+    ``run`` or ``put`` connects.  Failures of the link itself raise ``TransportError``; what the
+    command did (its exit, its streams) comes back in the ``ProcessOutput``."""
+
+    kind = "?"
+
+    @abc.abstractmethod
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> "ProcessOutput":
+        """Run ``argv`` (no shell) with ``payload`` on its stdin, kept open until the command
+        ends: its EOF tells the runtime the client went away.  Never waits past ``deadline``
+        (``time.monotonic()``); streams come back bounded."""
+
+    @abc.abstractmethod
+    def put(self, data: bytes, path: str) -> None:
+        """Create ``path`` (mode 0600) holding ``data`` on this transport's machine; local
+        files and SFTP refuse an existing file (the exec fallback without SFTP cannot).  The bundle does not need it (it is streamed through ``run``'s
+        stdin along the whole chain); it is the plain file transfer the contract offers."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The hop as ``inv hosts`` prints it, without connecting."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Let go of what this transport holds (connections are the pool's, shared)."""
 
 
 # File descriptors: kept back for the process itself (stdio, imports, known_hosts, --save),

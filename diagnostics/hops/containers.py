@@ -1,10 +1,10 @@
-"""Container hops, one small class per runtime: how to exec into it and how to push a file in.
+"""Container hops, one small class per runtime: how to exec into it (the bundle rides in on
+stdin, so no runtime needs its own copy command).
 
 Each mirrors its tool's own CLI; ``classify`` knows that tool's messages for a missing or
 stopped container.  ``exec_user`` becomes the tool's user flag where it has one, else ``runuser``.
 """
 
-import re
 from typing import List, Optional, Sequence
 
 from .base import Classification, Wrapper, find_line
@@ -12,7 +12,6 @@ from .base import Classification, Wrapper, find_line
 
 class _Container(Wrapper):
     tool = "?"
-    put_reads_stdin = False   # True: put_argv reads the file's bytes from stdin
     missing = ()       # stderr fragments meaning "no such container"
     stopped = ()       # ... "container not running"
 
@@ -51,9 +50,6 @@ class Pct(_Container):
     def wrap(self, argv):
         return ["pct", "exec", self.id, "--"] + self._as_user(argv)
 
-    def put_argv(self, src, dest):
-        return ["pct", "push", self.id, src, dest, "--perms", "0600"]
-
 
 class Lxc(_Container):
     kind = tool = "lxc"
@@ -62,12 +58,6 @@ class Lxc(_Container):
 
     def wrap(self, argv):
         return ["lxc-attach", "-n", self.id, "--"] + self._as_user(argv)
-
-    put_reads_stdin = True
-
-    def put_argv(self, src, dest):
-        # lxc has no push: the bytes go through lxc-attach's stdin.
-        return ["lxc-attach", "-n", self.id, "--", "install", "-m", "0600", "/dev/stdin", dest]
 
     def describe(self):
         return "lxc-attach " + super().describe().split(" ", 1)[1]
@@ -81,9 +71,6 @@ class Docker(_Container):
     def wrap(self, argv):
         user = ["-u", self.exec_user] if self.exec_user else []
         return [self.tool, "exec", "-i"] + user + [self.id] + list(argv)
-
-    def put_argv(self, src, dest):
-        return [self.tool, "cp", src, f"{self.id}:{dest}"]
 
 
 class Podman(Docker):
@@ -108,11 +95,6 @@ class Kubectl(_Container):
 
     def wrap(self, argv):
         return ["kubectl", "exec", "-i"] + self._flags() + [self.id, "--"] + self._as_user(argv)
-
-    def put_argv(self, src, dest):
-        ns = f"{self.namespace}/" if self.namespace else ""
-        extra = ["-c", self.container] if self.container else []
-        return ["kubectl", "cp"] + extra + [src, f"{ns}{self.id}:{dest}"]
 
     def describe(self):
         where = f" -n {self.namespace}" if self.namespace else ""

@@ -1,6 +1,10 @@
-"""The innermost hop: the Python interpreter that runs the bootstrap."""
+"""The innermost hop: the Python interpreter that runs the bootstrap.
 
-from typing import List, Sequence
+With ``activate:`` it is two steps: the bootstrap starts under an interpreter that exists
+before activation, and the runtime then runs the diagnostic under the target's ``python``
+after sourcing the activation (``_runtime._spawn_argv``)."""
+
+from typing import List, Sequence, Tuple
 
 from ..wire import OLD_PYTHON_MARK, bootstrap_argv
 from .base import Classification, find_line
@@ -9,14 +13,18 @@ from .base import Classification, find_line
 class Interpreter:
     kind = "python"
 
-    def __init__(self, python: str):
-        self.python = python
+    def __init__(self, python: str, activate: Sequence[str] = ()):
+        self.activate: Tuple[str, ...] = tuple(activate)
+        self.then = python                       # what the diagnostic runs under
+        self.python = bootstrap_python(python, self.activate)   # what the bootstrap runs under
 
     def argv(self) -> List[str]:
         return bootstrap_argv(self.python)
 
     def describe(self) -> str:
-        return self.python
+        if not self.activate:
+            return self.python
+        return f"{self.python} → activate {' '.join(self.activate)} → {self.then}"
 
     def classify(self, exit_code, stderr: str, stdout: str = "") -> Classification:
         if OLD_PYTHON_MARK in stdout:
@@ -34,5 +42,9 @@ class Interpreter:
         return None
 
 
-def describe_chain(parts: Sequence[str]) -> str:
-    return " → ".join(parts)
+def bootstrap_python(python: str, activate: Sequence[str]) -> str:
+    """With ``activate:``, the bootstrap runs before activation: a bare name like ``python``
+    may only exist afterwards, so it starts under ``python3`` (an absolute path is kept)."""
+    if activate and not python.startswith("/"):
+        return "python3"
+    return python

@@ -9,8 +9,8 @@ import time
 from typing import Sequence, Set
 
 from .. import wire
-from .base import (ProcessOutput, StreamCapture, descriptors_error, out_of_descriptors,
-                   record_command)
+from .base import (ProcessOutput, StreamCapture, Transport, descriptors_error,
+                   out_of_descriptors, record_command)
 
 
 # One event per local child running now; set by stop_running() (an interrupted run).
@@ -29,7 +29,7 @@ def stop_running() -> None:
         event.set()
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     kind = "local"
 
     def describe(self) -> str:
@@ -64,11 +64,12 @@ class LocalTransport:
             proc.wait()
 
     def put(self, data: bytes, path: str) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # O_EXCL|O_NOFOLLOW: never through a planted file or symlink
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 

@@ -12,15 +12,22 @@ host's one SSH connection:
    ended by its SSH channel closing).
 Timeouts are enforced on the node by the runtime and by the client: srun's ``-t`` is only
 checked about once a minute.
+
+``SlurmAllocation`` makes moves 1 and 3; each node becomes a ``NodeRow`` (the target under the
+row's name, and its ``SrunStep``) that the runner runs as ``chain_for(target, pool, step)``.
 """
 
 import re
 import secrets
-from typing import List, Optional, Sequence
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Sequence
 
 from .. import nodeset
-from ..topology import NAME, Slurm
-from .base import Classification, Wrapper, find_line
+from ..topology import NAME, Slurm, Target
+from .base import Classification, Transport, TransportError, Wrapper, find_line, first_line
 
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 
@@ -111,3 +118,133 @@ class SrunStep(Wrapper):
         if exit_code is not None and exit_code >= 128 and find_line(stderr, "srun:"):
             return "unreachable", f"slurm node {self.node}: srun exit {exit_code}"
         return None
+
+
+class SrunSteps(Wrapper):
+    """A login target before its allocation: "one step per node" is what will run, but which
+    job and nodes only salloc says.  It describes the plan; it never runs (each node row runs
+    its own ``SrunStep``): running it would run on the login node itself."""
+
+    kind = "srun"
+
+    def __init__(self, slurm: Slurm):
+        self.slurm = slurm
+
+    def wrap(self, argv: Sequence[str]) -> List[str]:
+        raise RuntimeError("a Slurm login target runs as node rows: allocate it first")
+
+    def describe(self) -> str:
+        nodes = self.slurm.nodelist if node_names(self.slurm) else f"{self.slurm.nodes} nodes"
+        partition = f" -p {self.slurm.partition}" if self.slurm.partition else ""
+        return f"srun{partition} ({nodes}, one step per node)"
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node of an allocation as a row of its own: the login target under the row's name
+    (``cluster-a:n3``, what ``-H cluster-a:n3`` selects) and the step that places it there.
+    The placement stays beside the target, never in it: a Target is what hosts.yaml says."""
+    target: Target
+    step: SrunStep
+
+
+class SlurmAllocation:
+    """A login target's allocation: one ``NodeRow`` per node, released with ``release()``.
+
+    ``failure`` is set instead when there is none (a TransportError, or a bug of ours with
+    ``failure_traceback``)."""
+
+    def __init__(self, target: Target, login: Callable[[], Transport], queue_timeout: float,
+                 grace: float):
+        self.target = target
+        self._login_for = login          # makes the login node's transport (salloc, squeue, scancel)
+        self.login: Optional[Transport] = None
+        self.queue_timeout = queue_timeout
+        self.grace = grace               # beyond the queue wait, before giving up on the link
+        self.jobid: Optional[str] = None
+        self.rows: List[NodeRow] = []
+        self.failure: Optional[Exception] = None
+        self.failure_traceback: Optional[str] = None
+        self.duration_s = 0.0
+        self._lock = threading.Lock()
+        self._released = False
+        self._requested = False          # salloc was sent: a job (pending or granted) may exist
+        self.job_name = job_name()       # unique: a pending request is cancelled by its name
+
+    @property
+    def base(self) -> str:
+        return self.target.name.split(":", 1)[0]
+
+    def allocate(self) -> "SlurmAllocation":
+        started = time.monotonic()
+        try:
+            self.rows = [NodeRow(replace(self.target, name=f"{self.base}:{node}"),
+                                 SrunStep(self.jobid, node)) for node in self._allocate()]
+        except TransportError as exc:
+            self.failure = exc
+        except Exception as exc:
+            self.failure, self.failure_traceback = exc, traceback.format_exc()
+        self.duration_s = time.monotonic() - started
+        return self
+
+    def _allocate(self) -> List[str]:
+        base, slurm = self.base, self.target.slurm
+        login = self._login_for()        # resolving it (ssh -G) happens here, in the worker
+        with self._lock:
+            if self._released:
+                raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
+            self.login, self._requested = login, True
+        deadline = time.monotonic() + self.queue_timeout + self.grace
+        out = self.login.run(salloc_argv(slurm, self.queue_timeout, self.job_name), b"", deadline)
+        text = (out.stderr + out.stdout).decode("utf-8", "replace")
+        with self._lock:
+            self.jobid = parse_granted(text)
+            released_meanwhile = self._released
+        if released_meanwhile:   # released while salloc ran: granted meanwhile, or not
+            self._cancel()
+            raise TransportError("unreachable", f"salloc on {base}: the run was interrupted")
+        if not self.jobid:
+            reason = first_line("\n".join(l for l in text.splitlines() if "error" in l.lower())
+                                or text) or f"exit {out.exit_code}"
+            raise TransportError("unreachable", f"salloc on {base} got no allocation: {reason}",
+                                 text[-4000:])
+        nodes = node_names(slurm)
+        if nodes:
+            return nodes
+        out = self.login.run(squeue_nodes_argv(self.jobid), b"", deadline)
+        try:
+            return allocated_nodes(out.stdout.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise TransportError("unreachable", f"allocation {self.jobid} on {base}: {exc}",
+                                 (out.stderr + out.stdout[:4000]).decode("utf-8", "replace"))
+
+    def release(self) -> None:
+        """``scancel`` the allocation; called once the run is over, in every outcome. While
+        salloc still waits in the queue (an interrupted run), the pending request is cancelled
+        by its job name: closing the SSH channel does not end a salloc that has no terminal."""
+        with self._lock:
+            self._released = True
+            requested = self._requested
+        if requested:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        argv = scancel_argv(self.jobid) if self.jobid else scancel_name_argv(self.job_name)
+        try:
+            self.login.run(argv, b"", time.monotonic() + 30)
+        except Exception:
+            pass
+
+
+def allocate_all(targets: Sequence[Target], allocation_for: Callable[[Target], SlurmAllocation],
+                 submit, allocations: List[SlurmAllocation]) -> List[object]:
+    """Each Slurm login target becomes its allocation (made in parallel through ``submit``);
+    other targets stay.  Each allocation joins ``allocations`` before it is waited for, so an
+    interrupt during the queue wait still releases it."""
+    pending = {}
+    for i, t in enumerate(targets):
+        if t.slurm is not None:
+            allocation = allocation_for(t)
+            allocations.append(allocation)
+            pending[i] = submit(allocation.allocate)
+    return [pending[i].result() if i in pending else t for i, t in enumerate(targets)]

@@ -26,7 +26,7 @@ import paramiko
 
 from .. import wire
 from ..topology import is_safe_token
-from .base import (ProcessOutput, StreamCapture, TransportError, concurrent_runs_allowed,
+from .base import (ProcessOutput, StreamCapture, Transport, TransportError, concurrent_runs_allowed,
                    descriptors_error, first_line, out_of_descriptors, record_command)
 from .knownhosts import HostKeyRefused, trust_known_hosts
 from .sshconfig import Endpoint
@@ -363,20 +363,26 @@ class SshPool:
         return pooled
 
 
-class SshTransport:
+class SshTransport(Transport):
+    """Commands on one endpoint through the pool's shared connection (opened on first use)."""
+
     kind = "ssh"
 
-    def __init__(self, endpoint: Endpoint, pool: SshPool):
+    def __init__(self, endpoint: Endpoint, pool: SshPool, shown: Optional[str] = None):
         self.endpoint = endpoint
         self.pool = pool
+        self.shown = shown     # the hop as hosts.yaml writes it (``ssh alice@dgx01.lab``)
 
     def describe(self) -> str:
+        """``ssh [user@]host[:port]``, then every jump the connection goes through, the ones
+        ssh_config's ProxyJump adds included."""
         via = []
         jump = self.endpoint.jump
         while jump is not None:
             via.append(jump.label)
             jump = jump.jump
-        return self.endpoint.describe() + (f" (via {', '.join(reversed(via))})" if via else "")
+        first = self.shown or self.endpoint.describe()
+        return first + (f" (via {', '.join(reversed(via))})" if via else "")
 
     def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
             close_stdin: bool = False) -> ProcessOutput:
@@ -406,8 +412,8 @@ class SshTransport:
         finally:
             self.pool.release(pooled)
 
-    def put(self, data: bytes, remote_path: str) -> None:
-        """Write ``data`` to ``remote_path`` (mode 0600) over SFTP; where the host has no SFTP
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` (mode 0600) over SFTP; where the host has no SFTP
         subsystem, through an exec channel's stdin into ``install -m 600 /dev/stdin PATH``
         (the path is ours and checked like every token; the data never touches a command line)."""
         pooled = self.pool.acquire(self.endpoint)
@@ -419,25 +425,25 @@ class SshTransport:
                     sftp = None
                 except (OSError, EOFError) as exc:
                     raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
-                                         f"{remote_path}: {exc or type(exc).__name__}")
+                                         f"{path}: {exc or type(exc).__name__}")
                 if sftp is not None:
                     try:
-                        with sftp.open(remote_path, "wx") as f:
-                            sftp.chmod(remote_path, 0o600)
+                        with sftp.open(path, "wx") as f:
+                            sftp.chmod(path, 0o600)
                             f.write(data)
                         return
                     except (paramiko.SSHException, OSError, EOFError) as exc:
                         raise TransportError("upload", f"{self.endpoint.describe()}: sftp put "
-                                             f"{remote_path}: {exc or type(exc).__name__}")
+                                             f"{path}: {exc or type(exc).__name__}")
                     finally:
                         sftp.close()
         finally:
             self.pool.release(pooled)
-        self._put_through_exec(data, remote_path)
+        self._put_through_exec(data, path)
 
-    def _put_through_exec(self, data: bytes, remote_path: str) -> None:
-        argv = ["install", "-m", "600", "-T", "/dev/stdin", remote_path]
-        failed = f"{self.endpoint.describe()}: put {remote_path} without SFTP"
+    def _put_through_exec(self, data: bytes, path: str) -> None:
+        argv = ["install", "-m", "600", "-T", "/dev/stdin", path]
+        failed = f"{self.endpoint.describe()}: put {path} without SFTP"
         try:
             out = self.run(argv, data, time.monotonic() + 60, close_stdin=True)
         except TransportError as exc:
@@ -447,8 +453,8 @@ class SshTransport:
             raise TransportError("upload", f"{failed}: {first_line(stderr) or out.lost or out.exit_code}",
                                  stderr)
 
-    def close(self):
-        pass
+    def close(self) -> None:
+        pass     # the connection is the pool's: it closes when its last planned target is done
 
 
 class _Streams:

@@ -15,9 +15,6 @@ class Sudo(Wrapper):
         prefix = ["sudo", "-n"] + ([] if self.user == "root" else ["-u", self.user])
         return prefix + ["--"] + list(argv)
 
-    def put_argv(self, src: str, dest: str) -> List[str]:
-        return self.wrap(["install", "-m", "0600", src, dest])
-
     def describe(self) -> str:
         return "sudo" if self.user == "root" else f"sudo -u {self.user}"
 

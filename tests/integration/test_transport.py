@@ -214,20 +214,29 @@ def test_containers_of_one_host_share_one_ssh_connection(lab):
     assert lab.defaults.connection_count() - before == 1
 
 
-def test_put_one_level_at_a_time_into_the_container(hosts, lab):
-    from diagnostics.hops import chain_for
+def test_ssh_put_over_sftp(hosts, lab):
+    """The contract's put on an SSH transport: SFTP, mode 0600, never over an existing file
+    (the bundle itself is streamed through run; test_faults covers a host without SFTP)."""
+    from diagnostics.hops import transport_for
+    from diagnostics.hops.base import TransportError
     pool = SshPool()
+    dest = f"/tmp/mldiag-put-test-{os.getpid()}"
     try:
-        chain = chain_for(hosts.targets["trainbox"], pool)
-        dest = f"/tmp/mldiag-put-test-{os.getpid()}"
-        chain.put(b"payload \x00\xff", dest)
-        root = f"/proc/{lab.container_pids(200, include_init=True)[0]}/root"
-        with open(root + dest, "rb") as f:
+        transport = transport_for(hosts.targets["main"], pool)
+        transport.put(b"payload \x00\xff", dest)
+        with open(dest, "rb") as f:
             assert f.read() == b"payload \x00\xff"
-        assert oct(os.stat(root + dest).st_mode & 0o777) == "0o600"
-        os.unlink(root + dest)
+        assert oct(os.stat(dest).st_mode & 0o777) == "0o600"
+        with pytest.raises(TransportError) as caught:
+            transport.put(b"again", dest)
+        assert caught.value.layer == "upload", caught.value.message
+        with open(dest, "rb") as f:
+            assert f.read() == b"payload \x00\xff"
+        assert pool.opened == 1
     finally:
         pool.close()
+        if os.path.exists(dest):
+            os.unlink(dest)
 
 
 def test_ssh_config_proxycommand_is_honoured(lab, tmp_path):

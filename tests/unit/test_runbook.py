@@ -389,7 +389,7 @@ def test_an_interrupted_run_keeps_what_arrived():
           - task: gpu-status
           - task: env-report
         """, [T["a"], T["b"]], interrupt_at="gpu-status")
-    assert record.interrupted and record.exit_code == 130
+    assert record.interrupted and record.exit_code == 130 and record.interrupted_as == "interrupted"
     assert [r.target for r in record.steps[1].results] == ["a"]
     assert cells(record)["env-report"] == {"a": "interrupted", "b": "interrupted"}
 

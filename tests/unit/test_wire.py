@@ -112,8 +112,8 @@ def test_the_transport_is_handed_only_the_bootstrap_and_the_payload(monkeypatch)
     (script, arguments, env, --put files) is in the payload, where the runtime finds it."""
     calls = []
 
-    def recording_chain(target, pool):
-        chain = chain_for(target, pool)
+    def recording_chain(target, pool, step=None):
+        chain = chain_for(target, pool, step)
         chain.transport = RecordingLocal(calls)
         return chain
 
