@@ -12,8 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from diagnostics import bundle, hops, runner
 from diagnostics.hops import chain_for
-from diagnostics.hops.base import ProcessOutput
+from diagnostics.hops.base import ProcessOutput, Transport
 from diagnostics.hops.containers import Docker, Lxc, Pct, Podman
+from diagnostics.hops.slurm import SrunStep
 from diagnostics.hops.ssh import SshPool, UnsafeCommand, join_checked
 from diagnostics.topology import SAFE_TOKEN, Container, Slurm, SshHost, Target, is_safe_token
 
@@ -42,7 +43,7 @@ def test_user_argv_and_env_travel_in_the_payload_byte_for_byte(argv, env):
     assert stage_a == bundle.STAGE_A
 
 
-class RecordingTransport:
+class RecordingTransport(Transport):
     """Stands where a chain's transport stands (local or ssh): keeps what the runner hands it,
     the argv and the payload, and answers as a command that printed nothing."""
 
@@ -51,49 +52,58 @@ class RecordingTransport:
     def __init__(self):
         self.handed = []
 
-    def describe(self) -> str:
-        return "recording"
-
     def run(self, argv, payload, deadline):
         self.handed.append((list(argv), payload))
         return ProcessOutput(b"", b"", 0)
 
+    def put(self, data, path):
+        raise AssertionError("the bundle is streamed through run(), never put")
 
-# Every hop shape the runner builds a chain for (hops.chain_for, unchanged): the transport alone
-# is swapped for the recorder, so the argv checked is the one ssh or Popen would be handed.
+    def describe(self) -> str:
+        return "recording"
+
+    def close(self) -> None:
+        pass
+
+
+# Every hop shape the runner builds a chain for (hops.chain_for, unchanged), as (target, the
+# Slurm step of a node row or None): the transport alone is swapped for the recorder, so the
+# argv checked is the one ssh or Popen would be handed.
 CHAIN_SHAPES = {
-    "local": Target(name="t", local=True),
-    "ssh": Target(name="t", host=SshHost("gpu1", address="10.0.0.5", user="ml")),
-    "ssh via jumps, sudo": Target(name="t", host=SshHost("inner", jump=SshHost("jump", jump=SshHost("edge"))),
-                                  become="sudo"),
-    "sudo, pct": Target(name="t", host=SshHost("pve"), become="sudo",
-                        container=Container("pct", "200"), python="/root/venv/bin/python"),
-    "lxc as a user": Target(name="t", host=SshHost("h"), container=Container("lxc", "ct1", exec_user="ml")),
-    "docker": Target(name="t", host=SshHost("h"), container=Container("docker", "c1", exec_user="ml")),
-    "sudo, podman": Target(name="t", host=SshHost("h"), become="sudo", container=Container("podman", "p1")),
-    "kubectl": Target(name="t", host=SshHost("h"),
-                      container=Container("kubectl", "p-0", namespace="ml", container="main")),
-    "slurm step, sudo, docker": Target(name="t", host=SshHost("login"), slurm=Slurm(nodes=2),
-                                       slurm_step=("4242", "node01"), become="sudo",
-                                       container=Container("docker", "c1")),
-    "activate": Target(name="t", local=True, python="python",
-                       activate=("/opt/conda/etc/profile.d/conda.sh", "conda", "activate", "train")),
+    "local": (Target(name="t", local=True), None),
+    "ssh": (Target(name="t", host=SshHost("gpu1", address="10.0.0.5", user="ml")), None),
+    "ssh via jumps, sudo": (Target(name="t", host=SshHost("inner", jump=SshHost("jump", jump=SshHost("edge"))),
+                                   become="sudo"), None),
+    "sudo, pct": (Target(name="t", host=SshHost("pve"), become="sudo",
+                         container=Container("pct", "200"), python="/root/venv/bin/python"), None),
+    "lxc as a user": (Target(name="t", host=SshHost("h"), container=Container("lxc", "ct1", exec_user="ml")),
+                      None),
+    "docker": (Target(name="t", host=SshHost("h"), container=Container("docker", "c1", exec_user="ml")), None),
+    "sudo, podman": (Target(name="t", host=SshHost("h"), become="sudo", container=Container("podman", "p1")),
+                     None),
+    "kubectl": (Target(name="t", host=SshHost("h"),
+                       container=Container("kubectl", "p-0", namespace="ml", container="main")), None),
+    "slurm node row, sudo, docker": (Target(name="t:node01", host=SshHost("login"), slurm=Slurm(nodes=2),
+                                            become="sudo", container=Container("docker", "c1")),
+                                     SrunStep("4242", "node01")),
+    "activate": (Target(name="t", local=True, python="python",
+                        activate=("/opt/conda/etc/profile.d/conda.sh", "conda", "activate", "train")), None),
 }
 
 
-def handed_to_the_transport(target, job):
+def handed_to_the_transport(target, step, job):
     """(argv, payload) that ``runner.run_one`` hands the transport of ``target``'s real chain."""
     transport = RecordingTransport()
 
-    def recording_chain(t, pool):
-        chain = chain_for(t, pool)
+    def recording_chain(t, pool, step=None):
+        chain = chain_for(t, pool, step)
         chain.transport = transport
         return chain
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "chain_for", recording_chain)
         patch.setattr(hops, "resolve", lambda host: None)   # no `ssh -G`: nothing connects
-        runner.run_one(target, job, SshPool())
+        runner.run_one(target, job, SshPool(), step=step)
     [(argv, payload)] = transport.handed
     return argv, payload
 
@@ -115,9 +125,9 @@ def test_the_command_line_never_holds_user_data(argv, env, script_name, source, 
                      extra_files=put_files)
     empty = bundle.Job("run-script", "s.py", b"", mode="script")
     user_strings = [*argv, *env, *env.values(), script_name, *put_files]
-    for shape, target in CHAIN_SHAPES.items():
-        constant, _ = handed_to_the_transport(target, empty)
-        argv_sent, payload = handed_to_the_transport(replace(target, env=tuple(env.items())), job)
+    for shape, (target, step) in CHAIN_SHAPES.items():
+        constant, _ = handed_to_the_transport(target, step, empty)
+        argv_sent, payload = handed_to_the_transport(replace(target, env=tuple(env.items())), step, job)
         assert argv_sent == constant, shape
         line = join_checked(argv_sent)          # what the ssh transport sends, checked as it is
         for value in user_strings:
