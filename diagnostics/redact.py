@@ -25,7 +25,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 REDACTED = "<redacted>"
-NOT_SECRET = frozenset(["TOKENIZERS_PARALLELISM", "KEYBOARD", "KEYMAP", "HOSTKEY", "MONKEY"])
+NOT_SECRET = frozenset(["MONKEY", "TURNKEY"])   # one-part names that end with KEY
 # a value this short is more likely a flag than a secret, and masking it would mangle text
 MIN_SECRET_LEN = 4
 
@@ -37,8 +37,7 @@ _SECRET_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENT
 _SECRET_LAST_PARTS = ("KEY",)
 # ...unless its last part says it names something else (a policy, a path, a size, a count)
 _NOT_SECRET_LAST = ("POLICY", "FILE", "PATH", "DIR", "TYPE", "NAME", "ID", "IDS", "LEN", "LENGTH",
-                    "SIZE", "COUNT", "HEADS", "DIM", "CHECKING", "ALGORITHMS", "PARALLELISM",
-                    "ERROR", "EXCEPTION", "WARNING", "STDIN")
+                    "SIZE", "COUNT", "DIM", "ERROR", "EXCEPTION", "WARNING", "STDIN")
 # a tokenizer's special tokens (eos_token='</s>') are vocabulary, printed by every ML tool
 _SPECIAL_TOKEN_ROLES = ("BOS", "EOS", "PAD", "UNK", "SEP", "CLS", "MASK")
 

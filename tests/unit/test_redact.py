@@ -103,6 +103,8 @@ SECRETS = [
     ("+ HF_TOKEN=abcd1234efgh", "abcd1234efgh"),                            # set -x
     ("env=HF_TOKEN=abcd1234efgh", "abcd1234efgh"),                          # a pair in a value
     ("password: hunter22", "hunter22"),
+    (f"npm token {NPM} revoked", NPM),
+    ("DOCKER_CREDENTIAL=abcd1234wxyz", "abcd1234wxyz"),
     ("token is s3cr3t-value here", "s3cr3t-value"),                          # (a known secret)
 ]
 
@@ -166,6 +168,10 @@ NEAR_MISSES = [
     "x-x-x-x-x-x",
     "hf_hub_download(repo_id='meta-llama/Llama-3-8B', filename='config.json')",
     "AKIA is the prefix of an AWS key id",
+    "use_auth_token=False",
+    '"save_password": "yes"',
+    "{'ask_password': 'no'}",
+    "HF_HUB_DISABLE_IMPLICIT_TOKEN=1",
 ]
 
 
@@ -231,6 +237,13 @@ def test_what_stays_readable_around_a_masked_value(text, expected):
     ("tokenizer.pad_token", False), ("my_eos_token", False), ("bos_token_id", False),
     ("key_states", False), ("past_key_values", False), ("hf_token_file", False),
     ("token_type_ids", False), ("--password-stdin", False), ("_", False), ("", False),
+    ("TURNKEY", False), ("password_policy", False), ("hf_token_path", False),
+    ("credentials_dir", False), ("token_type", False), ("secret_name", False),
+    ("max_token_len", False), ("token_length", False), ("token_size", False),
+    ("token_count", False), ("token_dim", False), ("auth_token_error", False),
+    ("token_exception", False), ("password_warning", False), ("bos_token", False),
+    ("unk_token", False), ("sep_token", False), ("mask_token", False), ("cls_token", False),
+    ("pad_token", False), ("hf_token", True), ("sep.token", False),
 ])
 def test_is_secret_name(name, secret):
     assert redact.is_secret_name(name) is secret
@@ -239,8 +252,29 @@ def test_is_secret_name(name, secret):
 def test_known_secrets_are_env_values_with_secret_names_longest_first():
     env = {"HF_TOKEN": "abcd1234", "DB_PASSWORD": "pw-longer-one", "HF_HOME": "/dev/shm/hf",
            "TOKENIZERS_PARALLELISM": "false", "API_KEY": "x", "SHORT_TOKEN": "abc",
-           "DUP_TOKEN": "abcd1234"}
-    assert redact.known_secrets(env) == ("pw-longer-one", "abcd1234")
+           "DUP_TOKEN": "abcd1234", "FOUR_TOKEN": "wxyz"}
+    assert redact.known_secrets(env) == ("pw-longer-one", "abcd1234", "wxyz")
+
+
+def test_a_known_secret_inside_a_longer_one_does_not_leave_the_rest_of_it():
+    # "zzzz" sorts first by letters; masked first, it would leave "a-" of the longer value
+    env = {"A_TOKEN": "zzzz", "B_TOKEN": "a-zzzz"}
+    assert redact.redact_document({"summary": "x a-zzzz y"}, env) == {"summary": "x <redacted> y"}
+
+
+@pytest.mark.parametrize("index", range(len(redact._TOKENS)),
+                         ids=[needle for needle, _ in redact._TOKENS])
+def test_every_token_format_has_a_row_that_needs_it(index, monkeypatch):
+    # dropping one format (say sk- or github_pat_) must fail a test; no other rule may cover it
+    monkeypatch.setattr(redact, "_TOKENS", redact._TOKENS[:index] + redact._TOKENS[index + 1:])
+    assert any(secret in redact.redact_text(text, ["s3cr3t-value"]) for text, secret in SECRETS)
+
+
+@pytest.mark.parametrize("index", range(len(redact._SHAPES)),
+                         ids=[needle for needle, *_ in redact._SHAPES])
+def test_every_shape_has_a_row_that_needs_it(index, monkeypatch):
+    monkeypatch.setattr(redact, "_SHAPES", redact._SHAPES[:index] + redact._SHAPES[index + 1:])
+    assert any(secret in redact.redact_text(text, ["s3cr3t-value"]) for text, secret in SECRETS)
 
 
 def test_a_known_secret_is_masked_whatever_its_shape_and_before_any_pattern():
