@@ -71,7 +71,7 @@ _SP = r"[ \t]{0,8}"
 _HEAD = re.compile(r"""
     (?P<q>\\?["'])(?P<quoted>%(name)s)(?P=q)\]?%(sp)s(?:=>?|:)%(sp)s   # 'NAME': "NAME"= ['NAME'] =
   | (?<![\w.-])(?P<header>(?i:(?:proxy-)?authorization))%(sp)s:%(sp)s  # Authorization: mid-line too
-  | (?<![\w.-])(?P<assigned>-{0,2}%(name)s)%(sp)s=(?![=~])%(sp)s       # NAME=v, NAME = v, --flag=v
+  | (?<![\w.-])(?P<assigned>-{0,2}%(name)s)%(sp)s=%(sp)s   # NAME=v, NAME = v, --flag=v (== is no value)
   | (?m:^)[ \t>#*+-]{0,16}(?P<line>%(name)s)%(sp)s:%(sp)s               # NAME: v at a line start
   | (?<![\w.-])(?P<colon>%(name)s)%(sp)s:%(sp)s(?=b?\\?["'])            # NAME: 'v' anywhere
   | (?<![\w.-])(?P<flag>--?%(name)s)[ \t]{1,8}(?=[^\s-])                # --flag v

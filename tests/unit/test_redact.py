@@ -56,7 +56,7 @@ SECRETS = [
     ("mysql -u root --password=hunter2hunter2", "hunter2hunter2"),
     (f"Authorization: Bearer {JWT}", JWT),
     ('curl -H "Authorization: Basic dXNlcjpwYXNzd29yZA==" https://x', "dXNlcjpwYXNzd29yZA=="),
-    ("Proxy-Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+    ('curl -H "Proxy-Authorization: Basic dXNlcjpwYXNzd29yZA=="', "dXNlcjpwYXNzd29yZA=="),
     ("headers={'Authorization': 'Basic dXNlcjpwYXNzd29yZA=='}", "dXNlcjpwYXNzd29yZA=="),
     ("Bearer 0123456789abcdefghij was refused", "0123456789abcdefghij"),
     (f"git clone https://oauth2:{GLPAT}@gitlab.example.com/x.git", GLPAT),
@@ -104,6 +104,23 @@ SECRETS = [
     ("env=HF_TOKEN=abcd1234efgh", "abcd1234efgh"),                          # a pair in a value
     ("password: hunter22", "hunter22"),
     (f"npm token {NPM} revoked", NPM),
+    ("+password: hunter2hunter2", "hunter2hunter2"),                       # a line of git diff
+    ("# token: abcd1234efgh", "abcd1234efgh"),                              # commented out
+    ("* api_key: abcd1234efgh", "abcd1234efgh"),                            # a Markdown list
+    ("\tpassword: hunter2hunter2", "hunter2hunter2"),
+    ("config {api_key: b'0123456789abcdef'}", "0123456789abcdef"),
+    ('token=b"0123456789abcdef"', "0123456789abcdef"),
+    ('auth: {token: "abcd1234efgh"}', "abcd1234efgh"),                      # YAML flow, JS
+    ("config {password: 'p4ss-w0rd!'}", "p4ss-w0rd!"),
+    ("git+ssh://git:s3cr3tP4ss@host/x", "s3cr3tP4ss"),
+    (f"oauth {GHP.replace('ghp_', 'gho_')}", GHP[4:]),
+    (f"user {GHP.replace('ghp_', 'ghu_')}", GHP[4:]),
+    (f"server {GHP.replace('ghp_', 'ghs_')}", GHP[4:]),
+    (f"refresh {GHP.replace('ghp_', 'ghr_')}", GHP[4:]),
+    (f"user {SLACK.replace('xoxb-', 'xoxp-')}", SLACK[5:]),
+    (f"app {SLACK.replace('xoxb-', 'xoxa-')}", SLACK[5:]),
+    (f"refresh {SLACK.replace('xoxb-', 'xoxr-')}", SLACK[5:]),
+    (f"session {SLACK.replace('xoxb-', 'xoxs-')}", SLACK[5:]),
     ("DOCKER_CREDENTIAL=abcd1234wxyz", "abcd1234wxyz"),
     ("token is s3cr3t-value here", "s3cr3t-value"),                          # (a known secret)
 ]
@@ -172,6 +189,7 @@ NEAR_MISSES = [
     '"save_password": "yes"',
     "{'ask_password': 'no'}",
     "HF_HUB_DISABLE_IMPLICIT_TOKEN=1",
+    "--disk-cache-directory-for-the-models /x",
 ]
 
 
@@ -215,6 +233,9 @@ def test_near_misses_stay_readable(text):
     ("password=<redacted>", "password=<redacted>"),
     (f"key file:\n{PEM}\nend", "key file:\n<redacted>\nend"),
     (f"{PEM}\nafter", "<redacted>\nafter"),                         # the block ends at its END line
+    (f"{PGP}\nafter", "<redacted>\nafter"),
+    ('password="hunter2\nnext: line"', 'password="<redacted>\nnext: line"'),   # a line ends a value
+    ('token=b"0123456789abcdef"', 'token=b"<redacted>"'),
     (f"Bearer {JWT}", "Bearer <redacted>"),
     (f"x {HF}_more", "x <redacted>_more"),
     (f"x{HF}", f"x{HF}"),                                          # not a token: glued to a letter
