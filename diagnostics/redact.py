@@ -59,7 +59,8 @@ def is_secret_name(name: str) -> bool:
 
 
 def known_secrets(env: Dict[str, str]) -> Tuple[str, ...]:
-    """The values of ``env`` whose names say secret, longest first (so none masks part of another)."""
+    """The values of ``env`` whose names say secret, longest first (so none masks part of
+    another)."""
     values = {v for k, v in env.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN}
     return tuple(sorted(values, key=len, reverse=True))
 
@@ -71,14 +72,14 @@ _SP = r"[ \t]{0,8}"
 _HEAD = re.compile(r"""
     (?P<q>\\?["'])(?P<quoted>%(name)s)(?P=q)\]?%(sp)s(?:=>?|:)%(sp)s   # 'NAME': "NAME"= ['NAME'] =
   | (?<![\w.-])(?P<header>(?i:(?:proxy-)?authorization))%(sp)s:%(sp)s  # Authorization: mid-line too
-  | (?<![\w.-])(?P<assigned>-{0,2}%(name)s)%(sp)s=%(sp)s   # NAME=v, NAME = v, --flag=v (== is no value)
+  | (?<![\w.-])(?P<assigned>-{0,2}%(name)s)%(sp)s=%(sp)s             # NAME=v, NAME = v, --flag=v
   | (?m:^)[ \t>#*+-]{0,16}(?P<line>%(name)s)%(sp)s:%(sp)s               # NAME: v at a line start
   | (?<![\w.-])(?P<colon>%(name)s)%(sp)s:%(sp)s(?=b?\\?["'])            # NAME: 'v' anywhere
   | (?<![\w.-])(?P<flag>--?%(name)s)[ \t]{1,8}(?=[^\s-])                # --flag v
 """ % {"name": _NAME, "sp": _SP}, re.X)
 # The value ends the match, so these greedy runs never backtrack. A bare value stops where
 # shells, URLs and reprs end one; it never starts a nested structure ({, [, ( stay readable, and
-# the pairs inside them are found on their own).
+# the pairs inside them are found on their own), nor with = (so `token == x` compares).
 _VALUE = re.compile(r"""
     b?"(?P<dq>(?:[^"\\\n]|\\.)+)                  # "value", b"value" (JSON, Python)
   | b?'(?P<sq>(?:[^'\\\n]|\\.)+)                  # 'value' (Python repr, shell)
@@ -126,7 +127,7 @@ _SHAPES = (
      r"\g<1>" + REDACTED),
 )
 _TOKENS = (
-    ("hf_", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}")),           # Hugging Face, also MY_hf_…
+    ("hf_", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}")),      # Hugging Face, also MY_hf_…
     ("gh", re.compile(r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,}")),     # GitHub
     ("github_pat_", re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{40,}")),
     ("glpat-", re.compile(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}")),   # GitLab
@@ -135,14 +136,16 @@ _TOKENS = (
     ("ia", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])")),   # AWS key id
     ("xox", re.compile(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}")),  # Slack
     ("aiza", re.compile(r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35,}")),      # Google API key
-    ("eyj", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")),
+    ("eyj", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}"   # JWT
+                       r"\.[A-Za-z0-9_-]*")),
     ("pypi-", re.compile(r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}")),   # PyPI upload token
     ("npm_", re.compile(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}")),
 )
 # a bearer token without its header; it holds a digit, so "Bearer authentication" stays
 _BEARER = re.compile(r"(?i)(?<![A-Za-z0-9_-])(bearer[ \t]{1,8})"
                      r"(?=[A-Za-z._~+/=-]{0,1024}[0-9])[A-Za-z0-9._~+/=-]{16,}")
-_NEEDLES = tuple(n for n, *_ in _SHAPES) + _PAIR_NEEDLES + tuple(n for n, _ in _TOKENS) + ("bearer",)
+_NEEDLES = (tuple(n for n, *_ in _SHAPES) + _PAIR_NEEDLES + tuple(n for n, _ in _TOKENS)
+            + ("bearer",))
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
