@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Dict, Optional, Sequence
 
-import fabric
 import paramiko
 
 from .. import wire
@@ -70,7 +69,7 @@ class _QuickAckSocket:
 
 
 class PooledConnection:
-    def __init__(self, endpoint: Endpoint, connection: fabric.Connection,
+    def __init__(self, endpoint: Endpoint, connection: "fabric.Connection",
                  via: Optional["PooledConnection"] = None):
         self.endpoint = endpoint
         self.connection = connection
@@ -336,6 +335,9 @@ class SshPool:
                           "banner_timeout": ep.connect_timeout, "auth_timeout": ep.connect_timeout}
         if ep.identity_files:
             connect_kwargs["key_filename"] = list(ep.identity_files)
+        # NOTE: imported here, not at the top: Fabric brings Invoke, which the engine does not
+        # need until it opens an SSH connection (a local run, `inv hosts`, tests import less).
+        import fabric
         # An empty SSHConfig: ssh_config was already applied through `ssh -G`.
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
         conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port, config=config,

@@ -4,12 +4,12 @@ the task layer (``tasks.MldiagTask``) turns them into Invoke's ``Exit``.
 What "the engine imports without Invoke" means here, and what these tests prove:
 - the runbook model, the job table, results, renderers, reports, hosts.yaml and the save
   directory import with Invoke *and* Fabric unimportable (no transport in them at all);
-- the whole engine (``cli``, ``runbook_run``, ``runner``, the hops) never imports Invoke
-  itself; its SSH transport (``hops/ssh.py``) is built on Fabric, which is built on Invoke,
-  so there Invoke arrives as Fabric's dependency, and no other engine module imports Fabric.
-  The guard below refuses ``import invoke`` to any ``diagnostics`` module but ``tasks`` and
-  ``program`` (the task layer), and a local target runs end to end through ``cli.execute``
-  and ``runbook_run.execute`` under it.
+- the whole engine (``cli``, ``runbook_run``, ``runner``, the hops) imports with Invoke and
+  Fabric unimportable, and a local target runs end to end through ``cli.execute`` and
+  ``runbook_run.execute`` so: the SSH transport imports Fabric (built on Invoke) only when it
+  opens a connection;
+- beyond imports, the guard below refuses ``import invoke`` to any ``diagnostics`` module but
+  ``tasks`` and ``program`` (the task layer), and Fabric to all but the SSH transport.
 """
 
 import json
@@ -109,7 +109,7 @@ def test_a_local_target_runs_end_to_end_without_the_engine_importing_invoke(tmp_
     books.mkdir()
     (books / "twice.yaml").write_text("description: ping twice\nsteps:\n"
                                       "  - {task: ping, id: first}\n  - {task: ping, id: again}\n")
-    proc = python(ENGINE_NEVER_IMPORTS_INVOKE, """\
+    proc = python(BLOCK_INVOKE_AND_FABRIC + ENGINE_NEVER_IMPORTS_INVOKE, """\
         import io, json
         import diagnostics.cli as cli, diagnostics.runbook_run as runbook_run
         import diagnostics.runner, diagnostics.runbook, diagnostics.jobs, diagnostics.report

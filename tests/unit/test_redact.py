@@ -1,54 +1,377 @@
-"""Secrets are masked in result documents (diagnostics/redact.py)."""
+"""Secrets are masked in result documents (diagnostics/redact.py).
+
+The two tables below are also what bench/redact.py scores redact.py and detect-secrets on.
+Every pattern and rule of redact.py has a row here that fails without it (checked with mutmut).
+"""
 
 import json
+import math
+import signal
+import time
+from contextlib import contextmanager
 
 import pytest
 
 from diagnostics import redact
 from diagnostics.results import Result
 
+# Real-world shapes. Token-like values are assembled from parts so that no scanner mistakes this
+# file for a leak; each is the length and alphabet of the real format.
 HF = "hf_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3z"
+GHP = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+GITHUB_PAT = "github_pat_" + "11ABCDEFG0" + "_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0u1V2w3X4y5Z6a7B8c9"
+GLPAT = "glpat-" + "xR4nD0m-T0k3n_v4lu3Zz"
+OPENAI = "sk-proj-" + "Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr9St0Uv1Wx2Yz3"
+ANTHROPIC = "sk-ant-api03-" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe9Dc8Ba7"
+STRIPE = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
+STRIPE_RESTRICTED = "rk_test_" + "51Hx2Yz3Ab4Cd5Ef6Gh7Ij8K"
+AWS_ID = "AKIA" + "IOSFODNN7EXAMPLE"
+AWS_STS_ID = "ASIA" + "Q3EGRTZ7EXAMPLE1"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+SLACK = "xoxb-" + "1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUv"
+GOOGLE = "AIza" + "SyA-1234567890abcdefghijklmnopqrstu"
+JWT = ("eyJ" + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9" + ".eyJ" + "zdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ"
+       + "." + "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c")
+PYPI = "pypi-AgE" + "IcHlwaS5vcmcCJGE0ZjA1ZTQxLWEyYjMtNGM1ZC04ZTlmLTBhMWIyYzNkNGU1ZgACKl"
+NPM = "npm_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
 PEM = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
        "AAAAAAAAABAAAAMwAAAAtzc2gtZW\n-----END OPENSSH PRIVATE KEY-----")
+RSA = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+       "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n-----END RSA PRIVATE KEY-----")
+PGP = "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF5mQ0QBCAC3k9a0p2Xq7mF8N2kLw\n=Ab1c\n-----END PGP PRIVATE KEY BLOCK-----"
+
+# (text, the secret in it: must be gone from the redacted text)
+SECRETS = [
+    (f"aws_secret_access_key = {AWS_SECRET}", AWS_SECRET),                     # ~/.aws/credentials
+    ("aws_session_token=IQoJb3JpZ2luX2VjEJr//////////wEaCXVzLWVhc3QtMSJH", "IQoJb3JpZ2luX2VjEJr"),
+    ("{'db_password': 'hunter2hunter2'}", "hunter2hunter2"),                 # Python dict repr
+    ("{'HF_TOKEN': 'tok-9f8e7d6c5b4a'}", "tok-9f8e7d6c5b4a"),
+    ("RuntimeError: bad config {'host': 'db', 'db_password': 'p4ss-w0rd!'}", "p4ss-w0rd!"),
+    ("WANDB_API_KEY='0123456789abcdef0123456789abcdef01234567'", "0123456789abcdef0123456789abcdef01234567"),
+    ('DB_PASSWORD="correct horse battery staple"', "horse battery"),
+    ('hf_token: "abcd1234efgh"', "abcd1234efgh"),                           # YAML
+    ("export DB_PASSWORD = s3cretvalue", "s3cretvalue"),                     # spaces around =
+    ("vllm serve m --token abc123def456 --port 8000", "abc123def456"),       # --flag value
+    ("mysql -u root --password hunter2hunter2", "hunter2hunter2"),
+    ("mysql -u root --password=hunter2hunter2", "hunter2hunter2"),
+    (f"Authorization: Bearer {JWT}", JWT),
+    ('curl -H "Authorization: Basic dXNlcjpwYXNzd29yZA==" https://x', "dXNlcjpwYXNzd29yZA=="),
+    ('curl -H "Proxy-Authorization: Basic dXNlcjpwYXNzd29yZA=="', "dXNlcjpwYXNzd29yZA=="),
+    ("headers={'Authorization': 'Basic dXNlcjpwYXNzd29yZA=='}", "dXNlcjpwYXNzd29yZA=="),
+    ("Bearer 0123456789abcdefghij was refused", "0123456789abcdefghij"),
+    (f"git clone https://oauth2:{GLPAT}@gitlab.example.com/x.git", GLPAT),
+    (f"gitlab token {GLPAT} expired", GLPAT),
+    (f"key={GOOGLE}&q=1", GOOGLE),
+    (f"maps: {GOOGLE}", GOOGLE),
+    (f"stripe.api_key {STRIPE}", STRIPE),
+    (f"restricted {STRIPE_RESTRICTED}", STRIPE_RESTRICTED),
+    (f"MY_{HF}", HF),                                                        # hf_ glued after _
+    (f"login with {HF}", HF),
+    (f"remote: {GHP}", GHP),
+    (f"token {GITHUB_PAT}", GITHUB_PAT),
+    (f"openai.AuthenticationError: Incorrect API key provided: {OPENAI}", OPENAI),
+    (f"client = Anthropic(api_key={ANTHROPIC!r})", ANTHROPIC),
+    (f"{AWS_ID} used", AWS_ID),
+    (f"{AWS_STS_ID} used", AWS_STS_ID),
+    (f"slack: {SLACK}", SLACK),
+    (f"jwt {JWT}", JWT),
+    (f"twine upload -p {PYPI}", PYPI),
+    (f"//registry.npmjs.org/:_authToken={NPM}", NPM),
+    ("//registry.npmjs.org/:_authToken=0123abcd-ef45-6789", "0123abcd-ef45-6789"),
+    (f"key file:\n{PEM}\nend", "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"),
+    (RSA, "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"),
+    (PGP, "lQOYBF5mQ0QBCAC3k9a0p2Xq7mF8N2kLw"),
+    ("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04fSeQ6tF1aY/PuoAoGCCqGSM49",
+     "MHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04fSeQ6tF1aY"),                  # cut off: no END
+    ("DATABASE_URL=postgres://admin:s3cr3tP4ss@db:5432/x", "s3cr3tP4ss"),
+    ("redis://:s3cr3tP4ss@cache:6379/0", "s3cr3tP4ss"),                      # no user name
+    ('{"password": "p@ss w0rd"}', "p@ss w0rd"),                             # JSON, space inside
+    ('{"password":"pa\\"ss1234"}', "ss1234"),                               # JSON, escaped quote
+    ('log: "{\\"api_key\\": \\"abcd1234\\"}"', "abcd1234"),                 # JSON inside JSON
+    ("os.environ['DB_PASSWORD'] = 'hunter2hunter2'", "hunter2hunter2"),
+    ('config.hf_token = "abcdef123456"', "abcdef123456"),
+    ("x-api-key: 0123456789abcdef", "0123456789abcdef"),                    # HTTP header line
+    ("> X-Api-Key: 0123456789abcdef", "0123456789abcdef"),                  # curl -v
+    ("  - password: hunter2hunter2", "hunter2hunter2"),                     # YAML list item
+    ("SSH_KEY_PASSPHRASE=longpassphrase1", "longpassphrase1"),
+    ("PGPASSWORD=hunter2hunter2 psql -h db", "hunter2hunter2"),
+    ("'password' => 'hunter2hunter2'", "hunter2hunter2"),                   # Ruby / PHP
+    ("Config(api_key=b'0123456789abcdef')", "0123456789abcdef"),            # bytes repr
+    ("DB_PASSWORD=20240101", "20240101"),                                    # digits, but long
+    ('client_secret: "abc-123-def"', "abc-123-def"),
+    ("GET /v1/models?access_token=abcd1234wxyz&limit=5", "abcd1234wxyz"),
+    ("+ HF_TOKEN=abcd1234efgh", "abcd1234efgh"),                            # set -x
+    ("env=HF_TOKEN=abcd1234efgh", "abcd1234efgh"),                          # a pair in a value
+    ("password: hunter22", "hunter22"),
+    (f"npm token {NPM} revoked", NPM),
+    ("+password: hunter2hunter2", "hunter2hunter2"),                       # a line of git diff
+    ("# token: abcd1234efgh", "abcd1234efgh"),                              # commented out
+    ("* api_key: abcd1234efgh", "abcd1234efgh"),                            # a Markdown list
+    ("\tpassword: hunter2hunter2", "hunter2hunter2"),
+    ("config {api_key: b'0123456789abcdef'}", "0123456789abcdef"),
+    ('token=b"0123456789abcdef"', "0123456789abcdef"),
+    ('auth: {token: "abcd1234efgh"}', "abcd1234efgh"),                      # YAML flow, JS
+    ("config {password: 'p4ss-w0rd!'}", "p4ss-w0rd!"),
+    ("git+ssh://git:s3cr3tP4ss@host/x", "s3cr3tP4ss"),
+    (f"oauth {GHP.replace('ghp_', 'gho_')}", GHP[4:]),
+    (f"user {GHP.replace('ghp_', 'ghu_')}", GHP[4:]),
+    (f"server {GHP.replace('ghp_', 'ghs_')}", GHP[4:]),
+    (f"refresh {GHP.replace('ghp_', 'ghr_')}", GHP[4:]),
+    (f"user {SLACK.replace('xoxb-', 'xoxp-')}", SLACK[5:]),
+    (f"app {SLACK.replace('xoxb-', 'xoxa-')}", SLACK[5:]),
+    (f"refresh {SLACK.replace('xoxb-', 'xoxr-')}", SLACK[5:]),
+    (f"session {SLACK.replace('xoxb-', 'xoxs-')}", SLACK[5:]),
+    ("DOCKER_CREDENTIAL=abcd1234wxyz", "abcd1234wxyz"),
+    ("token is s3cr3t-value here", "s3cr3t-value"),                          # (a known secret)
+]
+
+# (text): must come back exactly as it was
+NEAR_MISSES = [
+    "num_key_value_heads=8",
+    "tokenizer_path=/models/llama/tok",
+    "KeyError: 'model.layers.0.self_attn.k_proj.weight'",
+    "KeyError: 'HF_TOKEN'",
+    "KeyError: missing_weight",
+    "max_tokens=16",
+    "TOKENIZERS_PARALLELISM=false",
+    "use_auth_token: true",
+    "pad_token_id=0",
+    "eos_token='</s>'",
+    "{'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>'}",
+    "pad_token=[PAD]",
+    "cls_token: CLS1",
+    "past_key_values=DynamicCache()",
+    "transformer.h.0.self_attention.query_key_value.weight: torch.Size([12288, 4096])",
+    "key_states.shape=(1, 32, 128, 128)",
+    "token_type_ids=tensor([[0, 0, 0]])",
+    "host_key_policy: accept-new",
+    "hostkey: host key for [h]:22 is not known (or set host_key_policy: accept-new for it)",
+    "HF_TOKEN=${HF_TOKEN}",
+    "HF_TOKEN=$HF_TOKEN",
+    "password: ********",
+    "HF_TOKEN=<your-hf-token>",
+    '"api_key": null',
+    "api_key=None",
+    "max_key=4096",
+    "--max-new-tokens 256",
+    "--tokenizer-path /models/tok",
+    "--hf-token-file /run/secrets/hf",
+    "--use-auth-token --model m",
+    "echo $P | docker login --password-stdin registry.example.com",
+    "if token == expected:",
+    "https://hub.example.org/models/x",
+    "git@github.com:org/repo.git",
+    "pip install scikit-learn sk-video",
+    "MONKEY=patch KEYBOARD=us",
+    "error: key: value pairs expected",
+    "auth: api_key: abcdef123",
+    "token_count=1024",
+    "keys=['a', 'b']",
+    "Bearer authentication is configured",
+    "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user@host",
+    "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEqk3Y\n-----END PUBLIC KEY-----",
+    "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUe1\n-----END CERTIFICATE-----",
+    "uuid=123e4567-e89b-12d3-a456-426614174000",
+    "commit 95504db1f8eb918f8dd630a92167ce7917dd0f8e",
+    "CUDA_VISIBLE_DEVICES=0,1,2,3",
+    "max_position_embeddings: 4096",
+    "rope_scaling={'type': 'linear', 'factor': 2.0}",
+    "model.embed_tokens.weight torch.Size([32000, 4096])",
+    "Token indices sequence length is longer than the specified maximum (5000 > 4096)",
+    "tokens/s: 1234.5",
+    "eval_tokens_per_second=812.3",
+    '{"token_usage": {"prompt_tokens": 12}}',
+    "x-x-x-x-x-x",
+    "hf_hub_download(repo_id='meta-llama/Llama-3-8B', filename='config.json')",
+    "AKIA is the prefix of an AWS key id",
+    "use_auth_token=False",
+    '"save_password": "yes"',
+    "{'ask_password': 'no'}",
+    "HF_HUB_DISABLE_IMPLICIT_TOKEN=1",
+    "--disk-cache-directory-for-the-models /x",
+]
+
+
+def test_the_tables_are_large_enough_to_mean_something():
+    assert len(SECRETS) >= 40 and len(NEAR_MISSES) >= 40
+    assert len(set(NEAR_MISSES)) == len(NEAR_MISSES) and len({t for t, _ in SECRETS}) == len(SECRETS)
+
+
+@pytest.mark.parametrize("text, secret", SECRETS, ids=[t[:40] for t, _ in SECRETS])
+def test_secret_shapes_are_masked(text, secret):
+    out = redact.redact_text(text, ["s3cr3t-value"])   # (a value from hosts.yaml env:)
+    assert secret not in out and redact.REDACTED in out
+    assert redact.redact_text(out, ["s3cr3t-value"]) == out   # masking twice changes nothing
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES, ids=[t[:40] for t in NEAR_MISSES])
+def test_near_misses_stay_readable(text):
+    assert redact.redact_text(text) == text
+
+
+@pytest.mark.parametrize("text, expected", [
+    # what stays around a masked value: the name, the separator, the quotes, an auth scheme
+    (f"export HF_TOKEN={HF}", "export HF_TOKEN=<redacted>"),
+    ("aws_secret_access_key = wJalrXUtnFEMI", "aws_secret_access_key = <redacted>"),
+    ("{'db_password': 'hunter2hunter2', 'host': 'db'}", "{'db_password': '<redacted>', 'host': 'db'}"),
+    ('{"password": "pa\\"ss1234", "user": "bob"}', '{"password": "<redacted>", "user": "bob"}'),
+    ('log: {\\"api_key\\": \\"abcd1234\\", \\"n\\": 1}', 'log: {\\"api_key\\": \\"<redacted>\\", \\"n\\": 1}'),
+    ("Authorization: Bearer abc.def.ghi", "Authorization: Bearer <redacted>"),
+    ("headers={'Authorization': 'Bearer abc'}", "headers={'Authorization': '<redacted>'}"),
+    ("--token abc123def456 --port 8000", "--token <redacted> --port 8000"),
+    ("--hf-token=abcdef123 --model x", "--hf-token=<redacted> --model x"),
+    ("Config(api_key=b'0123456789abcdef')", "Config(api_key=b'<redacted>')"),
+    ("https://alice:pa55word@hub.example.org/x", "https://alice:<redacted>@hub.example.org/x"),
+    ("  api_key: abcdef123", "  api_key: <redacted>"),            # a config line
+    ("token=abcd1234&user=bob", "token=<redacted>&user=bob"),
+    ("password=ab", "password=ab"),                                # too short for a bare value
+    ("password='ab'", "password='<redacted>'"),                    # but quoted, it is one
+    ("password=012345", "password=012345"),                        # a number, not a password
+    ("password=0123456", "password=<redacted>"),
+    ("password: ***", "password: ***"),
+    ("password=<redacted>", "password=<redacted>"),
+    (f"key file:\n{PEM}\nend", "key file:\n<redacted>\nend"),
+    (f"{PEM}\nafter", "<redacted>\nafter"),                         # the block ends at its END line
+    (f"{PGP}\nafter", "<redacted>\nafter"),
+    ('password="hunter2\nnext: line"', 'password="<redacted>\nnext: line"'),   # a line ends a value
+    ('token=b"0123456789abcdef"', 'token=b"<redacted>"'),
+    (f"Bearer {JWT}", "Bearer <redacted>"),
+    (f"x {HF}_more", "x <redacted>_more"),
+    (f"x{HF}", f"x{HF}"),                                          # not a token: glued to a letter
+    (AWS_ID + "Z", AWS_ID + "Z"),                                  # 21 characters: not a key id
+    ("sk-short", "sk-short"),
+    ("xoxb-123456789", "xoxb-123456789"),
+])
+def test_what_stays_readable_around_a_masked_value(text, expected):
+    assert redact.redact_text(text) == expected
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("DB_PASSWORD", True), ("WANDB_API_KEY", True), ("apikey", True),
+    ("aws_secret_access_key", True), ("SSH_PASSPHRASE", True), ("PGPASSWD", True),
+    ("GOOGLE_CREDENTIALS", True), ("credential", True), ("Authorization", True),
+    ("--hf-token", True), ("x-api-key", True), ("TORCH_SECRET_SAUCE", True),
+    ("TOKENIZERS_PARALLELISM", False), ("host_key_policy", False), ("num_key_value_heads", False),
+    ("tokenizer_path", False), ("KeyError", False), ("max_tokens", False), ("HOSTKEY", False),
+    ("ssh_hostkey", False), ("MONKEY", False), ("KEYBOARD", False), ("eos_token", False),
+    ("tokenizer.pad_token", False), ("my_eos_token", False), ("bos_token_id", False),
+    ("key_states", False), ("past_key_values", False), ("hf_token_file", False),
+    ("token_type_ids", False), ("--password-stdin", False), ("_", False), ("", False),
+    ("TURNKEY", False), ("password_policy", False), ("hf_token_path", False),
+    ("credentials_dir", False), ("token_type", False), ("secret_name", False),
+    ("max_token_len", False), ("token_length", False), ("token_size", False),
+    ("token_count", False), ("token_dim", False), ("auth_token_error", False),
+    ("token_exception", False), ("password_warning", False), ("bos_token", False),
+    ("unk_token", False), ("sep_token", False), ("mask_token", False), ("cls_token", False),
+    ("pad_token", False), ("hf_token", True), ("sep.token", False),
+])
+def test_is_secret_name(name, secret):
+    assert redact.is_secret_name(name) is secret
 
 
 def test_known_secrets_are_env_values_with_secret_names_longest_first():
     env = {"HF_TOKEN": "abcd1234", "DB_PASSWORD": "pw-longer-one", "HF_HOME": "/dev/shm/hf",
-           "TOKENIZERS_PARALLELISM": "false", "API_KEY": "x"}
-    assert redact.known_secrets(env) == ("pw-longer-one", "abcd1234")
+           "TOKENIZERS_PARALLELISM": "false", "API_KEY": "x", "SHORT_TOKEN": "abc",
+           "DUP_TOKEN": "abcd1234", "FOUR_TOKEN": "wxyz"}
+    assert redact.known_secrets(env) == ("pw-longer-one", "abcd1234", "wxyz")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("token is s3cr3t-value here", "token is <redacted> here"),
-    (f"export HF_TOKEN={HF}", "export HF_TOKEN=<redacted>"),
-    ("WANDB_API_KEY=0123456789abcdef0123", "WANDB_API_KEY=<redacted>"),
-    ('{"aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG"}', '{"aws_secret_access_key": "<redacted>"}'),
-    ("password: hunter22", "password: <redacted>"),
-    (f"key file:\n{PEM}\nend", "key file:\n<redacted>\nend"),
-    ("https://alice:pa55word@hub.example.org/x", "https://alice:<redacted>@hub.example.org/x"),
-    (f"login with {HF}", "login with <redacted>"),
-    ("ghp_" + "A" * 36, "<redacted>"),
-    ("AKIAIOSFODNN7EXAMPLE used", "<redacted> used"),
-    ("xoxb-1234567890-abcdefghij", "<redacted>"),
-    # not secrets: left exactly as they were
-    ("TOKENIZERS_PARALLELISM=false", "TOKENIZERS_PARALLELISM=false"),
-    ("KeyError: 'model.layers.0'", "KeyError: 'model.layers.0'"),
-    ("num_key_value_heads=8192 hidden_size=4096", "num_key_value_heads=8192 hidden_size=4096"),
-    ("KeyError: missing_weight", "KeyError: missing_weight"),
-    ("tokenizer_path=/models/llama/tok", "tokenizer_path=/models/llama/tok"),
-    ("use_auth_token: true", "use_auth_token: true"),
-    ("hostkey: host key for [h]:22 is not known (or set host_key_policy: accept-new for it)",
-     "hostkey: host key for [h]:22 is not known (or set host_key_policy: accept-new for it)"),
-    ("error: key: value pairs expected", "error: key: value pairs expected"),
-    ("auth: api_key: abcdef123", "auth: api_key: abcdef123"),   # mid-line colon: prose, not config
-    ("  api_key: abcdef123", "  api_key: <redacted>"),           # a config line
-    ("--hf-token=abcdef123 --model x", "--hf-token=<redacted> --model x"),
-    ("sk-short", "sk-short"),
-    ("https://hub.example.org/x", "https://hub.example.org/x"),
-])
-def test_redact_text(text, expected):
-    # (a known secret value is masked wherever it stands, whatever its name)
-    assert redact.redact_text(text, ["s3cr3t-value"]) == expected
+def test_a_known_secret_inside_a_longer_one_does_not_leave_the_rest_of_it():
+    # "zzzz" sorts first by letters; masked first, it would leave "a-" of the longer value
+    env = {"A_TOKEN": "zzzz", "B_TOKEN": "a-zzzz"}
+    assert redact.redact_document({"summary": "x a-zzzz y"}, env) == {"summary": "x <redacted> y"}
+
+
+@pytest.mark.parametrize("index", range(len(redact._TOKENS)),
+                         ids=[needle for needle, _ in redact._TOKENS])
+def test_every_token_format_has_a_row_that_needs_it(index, monkeypatch):
+    # dropping one format (say sk- or github_pat_) must fail a test; no other rule may cover it
+    monkeypatch.setattr(redact, "_TOKENS", redact._TOKENS[:index] + redact._TOKENS[index + 1:])
+    assert any(secret in redact.redact_text(text, ["s3cr3t-value"]) for text, secret in SECRETS)
+
+
+@pytest.mark.parametrize("index", range(len(redact._SHAPES)),
+                         ids=[needle for needle, *_ in redact._SHAPES])
+def test_every_shape_has_a_row_that_needs_it(index, monkeypatch):
+    monkeypatch.setattr(redact, "_SHAPES", redact._SHAPES[:index] + redact._SHAPES[index + 1:])
+    assert any(secret in redact.redact_text(text, ["s3cr3t-value"]) for text, secret in SECRETS)
+
+
+def test_a_known_secret_is_masked_whatever_its_shape_and_before_any_pattern():
+    # no pattern would find "plain words 42"; the value from hosts.yaml is masked all the same
+    assert redact.redact_text("a plain words 42 b plain words 42", ["plain words 42"]) == \
+        "a <redacted> b <redacted>"
+    assert redact.redact_text("no secret here", ["plain words 42"]) == "no secret here"
+
+
+def test_text_with_no_secret_comes_back_unchanged_and_untouched():
+    text = "step 10 loss=2.31 lr=3e-4 tokens/s=1234 grad_norm=0.9 mem: 40GiB\n" * 50
+    assert redact.redact_text(text) is text   # the fast path hands back the same object
+    plain = "The quick brown fox jumps over the lazy dog"
+    assert redact.redact_text(plain) is plain
+
+
+def test_redact_masks_strings_keys_lists_and_tuples_and_keeps_other_values():
+    value = {"k": [HF, (HF, 3)], HF: None, 7: 1.5, "n": True}
+    assert redact.redact(value) == {"k": ["<redacted>", ["<redacted>", 3]], "<redacted>": None,
+                                    7: 1.5, "n": True}
+    assert redact.redact_document({"summary": HF}) == {"summary": "<redacted>"}
+
+
+# --- linear time ------------------------------------------------------------------------------
+# A target's output that makes a pattern backtrack once cost 67 s of CPU for 80 KB. Each flood
+# below aims at one pattern; the line of every needle in front makes every pattern run on it.
+ADVERSARIAL = {
+    "x-x-x": "x-", "equals": "=", "a=a=": "a=", "base64": "Ab3+/9Zq", "colons": ":",
+    "quotes": "\"'", "begin": "-----BEGIN ", "url-user": "://user:", "scheme-user": "a://u:",
+    "name-colon": "token: ", "quoted-name": "'key':", "flag": "--token ", "newlines": " \n",
+    "line-name": "\nkey: ", "jwt": "eyJxxxxxxxx.", "authorization": "Authorization: ",
+    "open-quote": "token='", "escapes": 'token="\\', "bearer": "Bearer a1",
+}
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@contextmanager
+def _cpu_budget(seconds):
+    """Raise _TooSlow once this process has spent ``seconds`` of CPU (the regex engine checks
+    for signals as it runs, so a runaway pattern is stopped, not waited for)."""
+    def expire(signum, frame):
+        raise _TooSlow()
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+def _flood(unit, size):
+    return " ".join(redact._NEEDLES) + "\n" + (unit * (size // len(unit) + 1))[:size]
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL.values(), ids=list(ADVERSARIAL))
+def test_redaction_time_grows_linearly_with_hostile_input(unit):
+    small, big = _flood(unit, 100_000), _flood(unit, 1_000_000)
+    spent = math.inf
+    for _ in range(5):
+        start = time.process_time()
+        redact.redact_text(small)
+        spent = min(spent, time.process_time() - start)
+    # 10x the text in at most 15x the CPU (quadratic would be 100x); a second try absorbs a
+    # noisy neighbour
+    for attempt in range(2):
+        try:
+            with _cpu_budget(15 * spent):
+                redact.redact_text(big)
+            return
+        except _TooSlow:
+            continue
+    pytest.fail(f"1 MB took more than 15x the CPU of 100 KB ({spent * 1000:.1f} ms)")
 
 
 def test_a_whole_document_is_redacted_everywhere_and_keeps_its_shape():
