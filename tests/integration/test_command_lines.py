@@ -46,7 +46,7 @@ def _make_some_traffic(lab):
     job = bundle.Job("run-script", "probe.py", b"import sys\nprint(sys.argv[1:])\n",
                      argv=("s3cr3t value; rm -rf ~",), mode="script")
     results = runner.run_many(list(topo.targets.values()), job)
-    assert [r.status for r in results] == ["ok"] * 4, [r.summary for r in results]
+    assert [r.status for r in results] == ["ok"] * len(topo.targets), [r.summary for r in results]
 
 
 def test_every_command_line_sent_was_safe(lab):
