@@ -4,6 +4,8 @@ import io
 import json
 import re
 
+import pytest
+
 from diagnostics.render import (fold, fold_names, render_hosts, render_json, render_table,
                                 summary_line)
 from diagnostics.results import ErrorInfo, Finding, Result
@@ -481,3 +483,106 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
     rows = [line for line in gpus.stdout.split("\n\n")[1].splitlines() if line.startswith("gpus ")]
     assert len(rows) == 8 and rows[0].split()[:4] == ["gpus", "0", "H200\\x1b]0;x\\x07\\x9b2J",
                                                       "lots/143771"], rows
+
+
+# --------------------------------------------------------------------------- the small parts
+# Found by the mutation run (setup.cfg [mutmut]); each pins one behaviour a one-token change broke
+# unnoticed.
+
+@pytest.mark.parametrize("text, lines", [
+    ("", []),
+    (None, []),
+    ("a\n", ["a"]),
+    ("a\n\nb", ["a", "", "b"]),
+    ("progress 10%\rprogress 100%", ["progress 100%"]),   # a redraw keeps its last segment
+    ("a b\rc d\r", ["c d"]),                              # segments split on CR only
+    ("done\r\n", ["done"]),
+    ("TAXX\r", ["TAXX"]),                                  # only CR is stripped at the end
+    ("keep  \t", ["keep    "]),                           # trailing blanks and tabs are text
+    ("a\tb", ["a       b"]),                              # tab stops every 8 columns
+    ("\x1b[2J", ["\\x1b[2J"]),
+])
+def test_lines_as_a_terminal_shows_them(text, lines):
+    assert render._lines(text) == lines
+
+
+def test_clip_says_how_much_it_cut():
+    assert render._clip("abcd", 4) == "abcd"
+    assert render._clip("abcdef", 4) == "abcd\N{HORIZONTAL ELLIPSIS} (+2 chars)"
+
+
+def test_colour_paints_the_level_of_findings_and_errors():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "s", findings=[Finding("warn", "c", "m")]),
+                  Result.failure("ping", "b", "auth", "refused")], out, color=True)
+    text = out.getvalue()
+    assert "  \033[33mwarn\033[0m  c: m\n" in text
+    assert "  \033[1;31merror\033[0m auth: refused\n" in text
+
+
+def test_a_finding_without_a_message_shows_its_code():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "s", findings=[Finding("warn", "c", "")])], out)
+    assert "\n  warn  c:\n" in out.getvalue()
+
+
+@pytest.mark.parametrize("err, first, rest", [
+    (ErrorInfo("crashed", "KeyError", "one\ntwo\nthree"), "crashed: KeyError: one", ["two", "three"]),
+    (ErrorInfo("auth", "", ""), "auth: (no message)", []),
+    (ErrorInfo("auth", "BadKey", ""), "auth: BadKey", []),
+    (ErrorInfo("auth", "auth", "refused"), "auth: refused", []),
+    (ErrorInfo("crashed", "KeyError", "KeyError: 'x'"), "crashed: KeyError: 'x'", []),
+])
+def test_error_text(err, first, rest):
+    assert render._error_text(err) == [first] + rest
+
+
+@pytest.mark.parametrize("n, header", [(20, "stderr:"), (21, "stderr (last 20 of 21 lines):")])
+def test_stderr_tail_starts_cutting_past_the_limit(n, header):
+    out = io.StringIO()
+    stderr = "\n".join("line %d" % i for i in range(1, n + 1))
+    render_table([Result.failure("ping", "a", "crashed", "boom", stderr=stderr)], out)
+    text = out.getvalue()
+    assert header in text
+    assert ("line 1\n" in text) is (n == 20) and "line %d\n" % n in text
+
+
+def test_render_json_is_indented_strict_and_survives_stray_values():
+    from pathlib import PurePosixPath
+    out = io.StringIO()
+    render_json([Result("ping", "a", "ok", "s", data={"p": PurePosixPath("/x"), "n": float("nan")})], out)
+    text = out.getvalue()
+    assert text.startswith('[\n  {\n    "schema": 1,\n    "diagnostic": "ping",')
+    assert '"p": "/x"' in text and '"n": "NaN"' in text and text.endswith("}\n]\n")
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_counts_on_a_terminal_and_wipes_its_line():
+    tty = _Tty()
+    p = render.Progress(3, tty)
+    for status in ("ok", "fail", "error"):
+        p.add(Result("ping", "t", status, "s"))
+    p.done()
+    assert tty.getvalue() == ("\r[1/3] 0 failed so far \r[2/3] 1 failed so far \r[3/3] 2 failed so far "
+                              "\r\033[K")
+    one = _Tty()
+    p = render.Progress(1, one)  # a single target: no progress line
+    p.add(Result("ping", "t", "fail", "s"))
+    p.done()
+    assert one.getvalue() == ""
+    pipe = io.StringIO()          # not a terminal: nothing
+    p = render.Progress(5, pipe)
+    p.add(Result("ping", "t", "fail", "s"))
+    p.done()
+    assert pipe.getvalue() == ""
+    idle = _Tty()                 # nothing ran: nothing to wipe
+    render.Progress(2, idle).done()
+    assert idle.getvalue() == ""
+    two = _Tty()
+    p = render.Progress(2, two)
+    p.add(Result("ping", "t", "warn", "s"))
+    assert two.getvalue() == "\r[1/2] 0 failed so far "

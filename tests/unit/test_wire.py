@@ -473,3 +473,38 @@ def test_out_of_descriptors_is_said_plainly():
     err = base.descriptors_error("cannot open a connection to h:22")
     assert err.layer == "unreachable"
     assert err.message.startswith("out of file descriptors (ulimit -n ")
+
+
+# ----------------------------------------------------------------------- what a refusal says
+# (found by the mutation run of setup.cfg [mutmut]: the reasons below reach the protocol row)
+
+def _reason(body: bytes) -> str:
+    with pytest.raises(wire.ProtocolError) as exc:
+        wire.decode_result(body)
+    return exc.value.reason
+
+
+def test_a_nan_is_named_in_the_refusal():
+    assert _reason(json.dumps(good_doc()).replace('0.25', 'NaN').encode()).startswith(
+        "the result is not JSON (NaN is not JSON")
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"summary": 1.5}, "summary is a number, not a string"),
+    ({"summary": 2}, "summary is a number, not a string"),
+    ({"summary": True}, "summary is a boolean, not a string"),
+    ({"summary": None}, "summary is null, not a string"),
+    ({"summary": []}, "summary is a list, not a string"),
+    ({"data": "x"}, "data is a string, not an object"),
+    ({"status": "s" * 50}, "status is '" + "s" * 39 + ", not one of ok, warn, fail, error"),
+    ({"status": 3}, "status is a number, not one of ok, warn, fail, error"),
+    ({"error": {"layer": "L" * 50, "type": "t", "message": "m"}},
+     "error.layer '" + "L" * 40 + "' is not a known layer"),
+])
+def test_each_refusal_names_the_field_and_the_type(changes, reason):
+    assert _reason(json.dumps(good_doc(**changes)).encode()) == reason
+
+
+def test_a_value_json_cannot_hold_is_named_by_its_type():
+    assert wire.schema_problem(("a", "tuple")) == "the result is tuple, not an object"
+    assert wire.schema_problem(good_doc(summary={1, 2})) == "summary is set, not a string"
