@@ -586,3 +586,44 @@ def test_progress_counts_on_a_terminal_and_wipes_its_line():
     p = render.Progress(2, two)
     p.add(Result("ping", "t", "warn", "s"))
     assert two.getvalue() == "\r[1/2] 0 failed so far "
+
+
+def _env(target, status="ok", **data):
+    return Result("env-report", target, status, "s", data=data) if status != "error" else \
+        Result.failure("env-report", target, "unreachable", "down")
+
+
+def test_drift_and_full_views_leave_out_targets_that_did_not_answer():
+    out = io.StringIO()
+    render.render_diff([_env("a", torch="2.1"), _env("b", torch="2.1"), _env("c", torch="2.2"),
+                        _env("x", "error")], out)
+    assert out.getvalue() == "\ndrift across 3 targets:\n  torch: 2.1 on 2 targets, 2.2 on c\n"
+    same = io.StringIO()
+    render.render_diff([_env("a", torch="2.1", cuda="12"), _env("b", torch="2.1", cuda="12")], same)
+    assert same.getvalue() == "\ndrift across 2 targets:\n  (none: every field agrees)\n"
+    # fewer than two answered: the full view of what did answer
+    alone = io.StringIO()
+    render.render_diff([_env("x", "error"), _env("a", torch="2.1"), _env("y", "error")], alone)
+    assert alone.getvalue() == "\na:\n  torch: 2.1\n"
+    full = io.StringIO()
+    render.render_full([_env("x", "error"), _env("a", torch="2.1"), _env("b", cuda="12")], full)
+    assert full.getvalue() == "\na:\n  torch: 2.1\n\nb:\n  cuda: 12\n"
+
+
+def test_drift_lines_are_one_per_field():
+    out = io.StringIO()
+    render.render_diff([_env("a", torch="2.1", cuda="12"), _env("b", torch="2.2", cuda="13"),
+                        _env("c", torch="2.1", cuda="12")], out)
+    assert out.getvalue() == ("\ndrift across 3 targets:\n  torch: 2.1 on 2 targets, 2.2 on b\n"
+                              "  cuda: 12 on 2 targets, 13 on b\n")
+
+
+@pytest.mark.parametrize("n, table", [(64, True), (65, False)])
+def test_the_per_gpu_view_stops_past_its_limit(n, table):
+    out = io.StringIO()
+    render.render_gpus([Result("gpu-status", "n1", "ok", "s",
+                               data={"gpus": [{"index": i, "name": "H200"} for i in range(n)]})], out)
+    if table:
+        assert out.getvalue().count("\n") == n + 2 and "TARGET" in out.getvalue()
+    else:
+        assert out.getvalue() == "\n(65 GPUs: per-GPU rows are in --json)\n"
