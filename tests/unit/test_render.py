@@ -627,3 +627,64 @@ def test_the_per_gpu_view_stops_past_its_limit(n, table):
         assert out.getvalue().count("\n") == n + 2 and "TARGET" in out.getvalue()
     else:
         assert out.getvalue() == "\n(65 GPUs: per-GPU rows are in --json)\n"
+
+
+def test_gpu_rows_show_each_field_or_a_dash():
+    big = 10 ** 400   # an int no float format takes: shown as it came
+    rows = render.gpu_rows([Result("gpu-status", "n", "ok", "s", data={"gpus": [
+        {"index": 0, "utilization_gpu_pct": float("inf"), "temperature_c": big,
+         "memory_used_mib": float("inf"), "memory_total_mib": 1024000, "power_draw_w": 300,
+         "power_limit_w": 700, "clocks_event_reasons": {"names": "hw_slowdown"}},
+        7,                                           # not an object: skipped, the rest still shown
+        {"index": 1.5},
+        {"index": 2, "error": "gone"},
+        {"index": 3, "memory_total_mib": 81920, "clocks_event_reasons": {"names": None}},
+    ]})])
+    assert rows == [
+        ("n", "0", "-", "inf/1000 GiB", "inf%", str(big), "300/700 W", "hw_slowdown"),
+        ("n", "1.5", "-", "-", "-", "-", "-", "-"),
+        ("n", "2", "error: gone", "", "", "", "", ""),
+        ("n", "3", "-", "-/80 GiB", "-", "-", "-", "-"),
+    ]
+    assert render.data_of(Result("gpu-status", "n", "ok", "s", data=None)) == {}
+    assert render.data_of(Result("gpu-status", "n", "ok", "s", data=[1])) == {"data": [1]}
+
+
+def test_strict_json_names_each_non_finite_float():
+    assert render.strict_json([float("inf"), float("-inf"), float("nan"), 1.5]) == \
+        ["Infinity", "-Infinity", "NaN", 1.5]
+
+
+def test_fold_names_keeps_natural_order_for_names_it_cannot_fold():
+    assert render.fold_names(["b,10", "b,9", "n2", "n10"]) == "n[2,10],b,9,b,10"
+
+
+def test_summary_line_counts_each_error_layer():
+    assert render.summary_line([Result.failure("p", "a", "unreachable", "x"),
+                                Result.failure("p", "b", "unreachable", "y"),
+                                Result.failure("p", "c", "timeout", "z")]) == \
+        "3 error (2 unreachable, 1 timeout)"
+
+
+def test_errors_that_differ_do_not_fold_together():
+    a = Result("p", "a", "error", "s", error=ErrorInfo("crashed", "E", "one"))
+    b = Result("p", "b", "error", "s", error=ErrorInfo("crashed", "E", "two"))
+    assert [g.targets for g in fold([a, b])] == [["a"], ["b"]]
+
+
+def test_the_status_column_is_painted_and_rows_have_no_trailing_blanks():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "")], out, color=True)
+    assert out.getvalue().splitlines()[1] == "a        \033[33mwarn\033[0m"
+
+
+def test_emit_writes_to_a_stream_without_an_encoding():
+    class Sink:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            self.parts.append(text)
+    sink = Sink()
+    render.emit(sink, "a \N{MIDDLE DOT} b")
+    assert sink.parts == ["a \N{MIDDLE DOT} b"]
