@@ -105,6 +105,8 @@ def test_from_dict_fills_defaults_and_never_trusts_the_status():
     assert r.error is None  # an empty error object is no error
     e = Result.from_dict({"status": "fail", "error": {"message": "m"}}).error
     assert e == ErrorInfo(layer="internal", type="", message="m", traceback=None, stderr=None)
+    e = Result.from_dict({"status": "error", "error": {"layer": "auth"}}).error
+    assert e == ErrorInfo(layer="auth", type="", message="", traceback=None, stderr=None)
     empty = Result.from_dict({})
     assert (empty.diagnostic, empty.target, empty.status, empty.summary, empty.findings,
             empty.error) == ("", "", "error", "", [], None)
