@@ -639,12 +639,14 @@ def test_gpu_rows_show_each_field_or_a_dash():
         {"index": 1.5},
         {"index": 2, "error": "gone"},
         {"index": 3, "memory_total_mib": 81920, "clocks_event_reasons": {"names": None}},
+        {"index": 4, "temperature_c": float("inf"), "power_draw_w": float("inf"), "power_limit_w": 700},
     ]})])
     assert rows == [
         ("n", "0", "-", "inf/1000 GiB", "inf%", str(big), "300/700 W", "hw_slowdown"),
         ("n", "1.5", "-", "-", "-", "-", "-", "-"),
         ("n", "2", "error: gone", "", "", "", "", ""),
         ("n", "3", "-", "-/80 GiB", "-", "-", "-", "-"),
+        ("n", "4", "-", "-", "-", "inf C", "inf/700 W", "-"),
     ]
     assert render.data_of(Result("gpu-status", "n", "ok", "s", data=None)) == {}
     assert render.data_of(Result("gpu-status", "n", "ok", "s", data=[1])) == {"data": [1]}

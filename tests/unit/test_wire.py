@@ -575,5 +575,6 @@ def test_a_result_of_exactly_the_size_limit_passes():
     body = json.dumps(doc).encode()
     assert len(body) == wire.MAX_RESULT_BYTES
     assert wire.decode_result(body)["data"]["pad"].startswith("xxx")
-    with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit"):
+    with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
         wire.decode_result(body[:-1] + b" }")
+    assert exc.value.excerpt.startswith("'{\"schema\": 1")
