@@ -52,7 +52,8 @@ mig-pending                 warn   MIG mode changes at the next GPU reset
 persistence-off             warn   persistence mode off (driver reinitialised per client)
 gpu-busy                    info   compute processes hold GPU memory (warn with --expect-idle)
 gpu-memory-unattributed     info   memory in use, no process visible (warn with --expect-idle)
-xid-fatal                   fail   Xid 48, 63, 64, 74, 79, 92, 94, 95, 119 or 120 in the kernel log
+xid-fatal                   fail   an Xid after which NVIDIA's catalog resets the GPU or restarts the node
+                                   (FATAL_XIDS) in the kernel log
 xid                         warn   any other Xid in the kernel log
 ==========================  =====  =========================================================
 """
@@ -129,8 +130,13 @@ CLOCK_EVENT_REASONS = [
     (0x0000000000000100, "display_clock_setting", "display clock setting"),
 ]
 
-# Xid numbers that mean the GPU (or its memory) needs attention now (NVIDIA's Xid catalogue).
-FATAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+# Xids after which NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket
+# (Immediate Action)") resets the GPU or restarts the node or VM: RESET_GPU, RESTART_BM,
+# RESTART_VM, WORKFLOW_XID_48, plus 74 (WORKFLOW_NVLINK_ERR: NVLink faults, mostly a reset).
+# 63/92 (IGNORE) and 94 (RESTART_APP) stay warnings; the NVML checks report the memory itself.
+# scan_log.py keeps the same set; tests/unit/test_xid_catalog.py pins both to the catalog.
+FATAL_XIDS = frozenset([46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 151, 155,
+                        156, 158])
 XID_NAMES = {
     13: "graphics engine exception", 31: "GPU memory page fault", 32: "invalid or corrupted push buffer",
     43: "GPU stopped processing", 45: "preemptive cleanup", 48: "double bit ECC error",

@@ -16,8 +16,8 @@ reports, one finding per kind, with its count and first/last line:
   nccl         NCCL errors and collective timeouts (``NCCL error``,
                ``ncclInternalError``, ``Watchdog caught collective operation
                timeout``, error-level ProcessGroupNCCL lines)
-  xid-fatal    NVIDIA Xid events that mean a hardware/driver fault (48, 61, 62, 63,
-               64, 74, 79, 92, 94, 95, 119, 120, 140)
+  xid-fatal    NVIDIA Xid events after which NVIDIA's Xid catalog resets the GPU
+               or restarts the node (FATAL_XIDS: 46, 48, 62, 64, 74, 79, 95, ...)
   xid          any other Xid (usually an application fault, e.g. 13, 31, 43): warn
   killed       killed processes (``Killed``, oom-killer, ``exit code -9``, ``signal 9``)
 
@@ -81,7 +81,13 @@ KINDS = collections.OrderedDict([
                 "or a scheduler memory/time limit")),
 ])
 
-FATAL_XIDS = frozenset([48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140])
+# Xids after which NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket
+# (Immediate Action)") resets the GPU or restarts the node or VM: RESET_GPU, RESTART_BM,
+# RESTART_VM, WORKFLOW_XID_48, plus 74 (WORKFLOW_NVLINK_ERR: NVLink faults, mostly a reset).
+# 63/92 (IGNORE) and 94 (RESTART_APP) stay warnings. gpu_status.py keeps the same set;
+# tests/unit/test_xid_catalog.py pins both to the catalog.
+FATAL_XIDS = frozenset([46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 151, 155,
+                        156, 158])
 
 _TB_HEADER = re.compile(r"^(.*?)Traceback \(most recent call last\):\s*$")
 _CHAIN = re.compile(r"^(During handling of the above exception, another exception occurred:"

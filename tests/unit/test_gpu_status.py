@@ -533,15 +533,51 @@ def test_nvidia_smi_missing_uses_nvml(smi_env, monkeypatch):
     assert g0["persistence_mode"] is True and g0["compute_cap"] == "9.0"
     assert g0["clocks_event_reasons"]["names"] == ["sw_power_cap"]  # through the old "Throttle" symbol
     assert g0["mig_mode"] == {"current": False, "pending": False}
-    assert g0["ecc_errors"]["uncorrected_volatile"] == 0 and g0["ecc_mode"] is True
+    assert g0["ecc_mode"] is True
+    assert g0["ecc_errors"] == {"uncorrected_volatile": 0, "uncorrected_aggregate": 4,
+                                "corrected_volatile": 7, "corrected_aggregate": 11}
     assert g0["remapped_rows"] == {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
-    assert g1["persistence_mode"] is False and g1["ecc_errors"]["uncorrected_volatile"] == 3
+    assert g1["persistence_mode"] is False
+    assert g1["ecc_errors"] == {"uncorrected_volatile": 3, "uncorrected_aggregate": 9,
+                                "corrected_volatile": 1, "corrected_aggregate": 20}
+    assert g1["remapped_rows"] == {"correctable": 5, "uncorrectable": 2, "pending": True, "failure": False}
     assert d["processes"] == [
         {"gpu": 0, "pid": 4242, "name": "python", "used_memory_mib": 72704, "gpu_uuid": "GPU-aaaa"},
         {"gpu": 0, "pid": 4243, "name": "python", "used_memory_mib": None, "gpu_uuid": "GPU-aaaa"}]
     assert ("fail", "ecc-uncorrectable") in codes(r) and ("warn", "persistence-off") in codes(r)
     assert ("info", "gpu-busy") in codes(r)
     assert lib.calls["nvmlShutdown"] == 1
+    by_code = dict((f["code"], f) for f in r["findings"])
+    # volatile (since the driver loaded) fails; aggregate alone (GPU 0) is history, a warning
+    assert by_code["ecc-uncorrectable"]["message"].startswith(
+        "GPU 1: 3 uncorrectable ECC errors since the driver loaded (9 in its lifetime)")
+    assert by_code["ecc-uncorrectable-history"]["message"].startswith(
+        "GPU 0: 4 uncorrectable ECC errors in its lifetime")
+    assert by_code["remap-pending"]["message"].startswith(
+        "GPU 1: row remapping pending (5 correctable, 2 uncorrectable rows remapped)")
+    assert "remap-failure" not in by_code
+
+
+def test_nvml_row_remap_failure_and_aggregate_only(smi_env, monkeypatch):
+    """Each out-parameter of the remapped-rows call lands in its own field: a failure without a
+    pending remap fails, and no pending finding appears; an aggregate-only count is history."""
+    empty = smi_env / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(gs, "EXTRA_TOOL_DIRS", [])
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    lib = FakeNvmlLib()
+    lib.gpus[1]["rows"] = (0, 7, 0, 1)
+    lib.gpus[1]["ecc"] = (0, 2, 5, 6)
+    real_load = gs.load_nvml
+    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": real_load(mode, cdll_loader=lambda name: lib))
+    r = gs.run(gs.build_parser().parse_args(["--no-kernel-log"]))
+    g1 = r["data"]["gpus"][1]
+    assert g1["remapped_rows"] == {"correctable": 0, "uncorrectable": 7, "pending": False, "failure": True}
+    assert g1["ecc_errors"] == {"uncorrected_volatile": 0, "uncorrected_aggregate": 2,
+                                "corrected_volatile": 5, "corrected_aggregate": 6}
+    mine = sorted((f["level"], f["code"]) for f in r["findings"] if f["message"].startswith("GPU 1:"))
+    assert mine == [("fail", "remap-failure"), ("warn", "ecc-uncorrectable-history"), ("warn", "persistence-off")]
 
 
 def test_nvml_init_failure(smi_env, monkeypatch):
@@ -606,10 +642,16 @@ class FakeNvmlLib(object):
         GIB = 2 ** 30
         self.gpus = [
             dict(name=b"NVIDIA H200", uuid=b"GPU-aaaa", bus=b"00000000:18:00.0", mem=(143771 * 2 ** 20, 71 * GIB),
-                 util=(97, 40), temp=61, power=612500, limit=700000, pm=1, reasons=0x4, unc_vol=0,
+                 util=(97, 40), temp=61, power=612500, limit=700000, pm=1, reasons=0x4,
+                 # uncorrected volatile/aggregate, corrected volatile/aggregate: four different
+                 # counts, so a swapped error type or counter type lands in the wrong field
+                 ecc=(0, 4, 7, 11), rows=None,  # rows: remapped-rows call not supported
                  procs=[(4242, 71 * GIB, b"python"), (4243, 0xFFFFFFFFFFFFFFFF, b"python")]),
             dict(name=b"NVIDIA H200", uuid=b"GPU-bbbb", bus=b"00000000:2A:00.0", mem=(143771 * 2 ** 20, 0),
-                 util=(0, 0), temp=30, power=80000, limit=700000, pm=0, reasons=0x1, unc_vol=3, procs=[]),
+                 util=(0, 0), temp=30, power=80000, limit=700000, pm=0, reasons=0x1,
+                 ecc=(3, 9, 1, 20),
+                 rows=(5, 2, 1, 0),  # correctable, uncorrectable, pending, failure (nvml.h order)
+                 procs=[]),
         ]
         self.calls = {}
         self._keep = []
@@ -643,7 +685,7 @@ class FakeNvmlLib(object):
         f("nvmlDeviceGetEccMode", [C.c_void_p, P(C.c_uint), P(C.c_uint)], lambda h, a, b: self._set(a, 1) or self._set(b, 1))
         f("nvmlDeviceGetTotalEccErrors", [C.c_void_p, C.c_int, C.c_int, P(C.c_ulonglong)], self._ecc)
         f("nvmlDeviceGetRemappedRows", [C.c_void_p, P(C.c_uint), P(C.c_uint), P(C.c_uint), P(C.c_uint)],
-          lambda h, a, b, c, d: 3)  # NVML_ERROR_NOT_SUPPORTED
+          self._rows)
         f("nvmlDeviceGetComputeRunningProcesses_v3", [C.c_void_p, P(C.c_uint), P(_ProcInfo)], self._procs)
         f("nvmlSystemGetProcessName", [C.c_uint, P(C.c_char), C.c_uint], self._pname)
 
@@ -685,7 +727,19 @@ class FakeNvmlLib(object):
         return 0
 
     def _ecc(self, h, error_type, counter, p):
-        return self._set(p, self._g(h)["unc_vol"] if (error_type, counter) in ((1, 0), (1, 1)) else 0)
+        # nvmlMemoryErrorType_t: 0 corrected, 1 uncorrected; nvmlEccCounterType_t: 0 volatile, 1 aggregate
+        order = [(1, 0), (1, 1), (0, 0), (0, 1)]
+        if (error_type, counter) not in order:
+            return 2  # NVML_ERROR_INVALID_ARGUMENT
+        return self._set(p, self._g(h)["ecc"][order.index((error_type, counter))])
+
+    def _rows(self, h, corr, unc, pending, failure):
+        rows = self._g(h)["rows"]
+        if rows is None:
+            return 3  # NVML_ERROR_NOT_SUPPORTED
+        for ptr, value in zip((corr, unc, pending, failure), rows):
+            ptr[0] = value
+        return 0
 
     def _procs(self, h, count, infos):
         procs = self._g(h)["procs"]

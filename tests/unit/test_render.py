@@ -4,6 +4,8 @@ import io
 import json
 import re
 
+import pytest
+
 from diagnostics.render import (fold, fold_names, render_hosts, render_json, render_table,
                                 summary_line)
 from diagnostics.results import ErrorInfo, Finding, Result
@@ -475,3 +477,210 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
     rows = [line for line in gpus.stdout.split("\n\n")[1].splitlines() if line.startswith("gpus ")]
     assert len(rows) == 8 and rows[0].split()[:4] == ["gpus", "0", "H200\\x1b]0;x\\x07\\x9b2J",
                                                       "lots/143771"], rows
+
+
+# --------------------------------------------------------------------------- the small parts
+# Found by the mutation run (setup.cfg [mutmut]); each pins one behaviour a one-token change broke
+# unnoticed.
+
+@pytest.mark.parametrize("text, lines", [
+    ("", []),
+    (None, []),
+    ("a\n", ["a"]),
+    ("a\n\nb", ["a", "", "b"]),
+    ("progress 10%\rprogress 100%", ["progress 100%"]),   # a redraw keeps its last segment
+    ("a b\rc d\r", ["c d"]),                              # segments split on CR only
+    ("done\r\n", ["done"]),
+    ("TAXX\r", ["TAXX"]),                                  # only CR is stripped at the end
+    ("keep  \t", ["keep    "]),                           # trailing blanks and tabs are text
+    ("a\tb", ["a       b"]),                              # tab stops every 8 columns
+    ("\x1b[2J", ["\\x1b[2J"]),
+])
+def test_lines_as_a_terminal_shows_them(text, lines):
+    assert render._lines(text) == lines
+
+
+def test_clip_says_how_much_it_cut():
+    assert render._clip("abcd", 4) == "abcd"
+    assert render._clip("abcdef", 4) == "abcd\N{HORIZONTAL ELLIPSIS} (+2 chars)"
+
+
+def test_colour_paints_the_level_of_findings_and_errors():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "s", findings=[Finding("warn", "c", "m")]),
+                  Result.failure("ping", "b", "auth", "refused")], out, color=True)
+    text = out.getvalue()
+    assert "  \033[33mwarn\033[0m  c: m\n" in text
+    assert "  \033[1;31merror\033[0m auth: refused\n" in text
+
+
+def test_a_finding_without_a_message_shows_its_code():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "s", findings=[Finding("warn", "c", "")])], out)
+    assert "\n  warn  c:\n" in out.getvalue()
+
+
+@pytest.mark.parametrize("err, first, rest", [
+    (ErrorInfo("crashed", "KeyError", "one\ntwo\nthree"), "crashed: KeyError: one", ["two", "three"]),
+    (ErrorInfo("auth", "", ""), "auth: (no message)", []),
+    (ErrorInfo("auth", "BadKey", ""), "auth: BadKey", []),
+    (ErrorInfo("auth", "auth", "refused"), "auth: refused", []),
+    (ErrorInfo("crashed", "KeyError", "KeyError: 'x'"), "crashed: KeyError: 'x'", []),
+])
+def test_error_text(err, first, rest):
+    assert render._error_text(err) == [first] + rest
+
+
+@pytest.mark.parametrize("n, header", [(20, "stderr:"), (21, "stderr (last 20 of 21 lines):")])
+def test_stderr_tail_starts_cutting_past_the_limit(n, header):
+    out = io.StringIO()
+    stderr = "\n".join("line %d" % i for i in range(1, n + 1))
+    render_table([Result.failure("ping", "a", "crashed", "boom", stderr=stderr)], out)
+    text = out.getvalue()
+    assert header in text
+    assert ("line 1\n" in text) is (n == 20) and "line %d\n" % n in text
+
+
+def test_render_json_is_indented_strict_and_survives_stray_values():
+    from pathlib import PurePosixPath
+    out = io.StringIO()
+    render_json([Result("ping", "a", "ok", "s", data={"p": PurePosixPath("/x"), "n": float("nan")})], out)
+    text = out.getvalue()
+    assert text.startswith('[\n  {\n    "schema": 1,\n    "diagnostic": "ping",')
+    assert '"p": "/x"' in text and '"n": "NaN"' in text and text.endswith("}\n]\n")
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_counts_on_a_terminal_and_wipes_its_line():
+    tty = _Tty()
+    p = render.Progress(3, tty)
+    for status in ("ok", "fail", "error"):
+        p.add(Result("ping", "t", status, "s"))
+    p.done()
+    assert tty.getvalue() == ("\r[1/3] 0 failed so far \r[2/3] 1 failed so far \r[3/3] 2 failed so far "
+                              "\r\033[K")
+    one = _Tty()
+    p = render.Progress(1, one)  # a single target: no progress line
+    p.add(Result("ping", "t", "fail", "s"))
+    p.done()
+    assert one.getvalue() == ""
+    pipe = io.StringIO()          # not a terminal: nothing
+    p = render.Progress(5, pipe)
+    p.add(Result("ping", "t", "fail", "s"))
+    p.done()
+    assert pipe.getvalue() == ""
+    idle = _Tty()                 # nothing ran: nothing to wipe
+    render.Progress(2, idle).done()
+    assert idle.getvalue() == ""
+    two = _Tty()
+    p = render.Progress(2, two)
+    p.add(Result("ping", "t", "warn", "s"))
+    assert two.getvalue() == "\r[1/2] 0 failed so far "
+
+
+def _env(target, status="ok", **data):
+    return Result("env-report", target, status, "s", data=data) if status != "error" else \
+        Result.failure("env-report", target, "unreachable", "down")
+
+
+def test_drift_and_full_views_leave_out_targets_that_did_not_answer():
+    out = io.StringIO()
+    render.render_diff([_env("a", torch="2.1"), _env("b", torch="2.1"), _env("c", torch="2.2"),
+                        _env("x", "error")], out)
+    assert out.getvalue() == "\ndrift across 3 targets:\n  torch: 2.1 on 2 targets, 2.2 on c\n"
+    same = io.StringIO()
+    render.render_diff([_env("a", torch="2.1", cuda="12"), _env("b", torch="2.1", cuda="12")], same)
+    assert same.getvalue() == "\ndrift across 2 targets:\n  (none: every field agrees)\n"
+    # fewer than two answered: the full view of what did answer
+    alone = io.StringIO()
+    render.render_diff([_env("x", "error"), _env("a", torch="2.1"), _env("y", "error")], alone)
+    assert alone.getvalue() == "\na:\n  torch: 2.1\n"
+    full = io.StringIO()
+    render.render_full([_env("x", "error"), _env("a", torch="2.1"), _env("b", cuda="12")], full)
+    assert full.getvalue() == "\na:\n  torch: 2.1\n\nb:\n  cuda: 12\n"
+
+
+def test_drift_lines_are_one_per_field():
+    out = io.StringIO()
+    render.render_diff([_env("a", torch="2.1", cuda="12"), _env("b", torch="2.2", cuda="13"),
+                        _env("c", torch="2.1", cuda="12")], out)
+    assert out.getvalue() == ("\ndrift across 3 targets:\n  torch: 2.1 on 2 targets, 2.2 on b\n"
+                              "  cuda: 12 on 2 targets, 13 on b\n")
+
+
+@pytest.mark.parametrize("n, table", [(64, True), (65, False)])
+def test_the_per_gpu_view_stops_past_its_limit(n, table):
+    out = io.StringIO()
+    render.render_gpus([Result("gpu-status", "n1", "ok", "s",
+                               data={"gpus": [{"index": i, "name": "H200"} for i in range(n)]})], out)
+    if table:
+        assert out.getvalue().count("\n") == n + 2 and "TARGET" in out.getvalue()
+    else:
+        assert out.getvalue() == "\n(65 GPUs: per-GPU rows are in --json)\n"
+
+
+def test_gpu_rows_show_each_field_or_a_dash():
+    big = 10 ** 400   # an int no float format takes: shown as it came
+    rows = render.gpu_rows([Result("gpu-status", "n", "ok", "s", data={"gpus": [
+        {"index": 0, "utilization_gpu_pct": float("inf"), "temperature_c": big,
+         "memory_used_mib": float("inf"), "memory_total_mib": 1024000, "power_draw_w": 300,
+         "power_limit_w": 700, "clocks_event_reasons": {"names": "hw_slowdown"}},
+        7,                                           # not an object: skipped, the rest still shown
+        {"index": 1.5},
+        {"index": 2, "error": "gone"},
+        {"index": 3, "memory_total_mib": 81920, "clocks_event_reasons": {"names": None}},
+        {"index": 4, "temperature_c": float("inf"), "power_draw_w": float("inf"), "power_limit_w": 700},
+    ]})])
+    assert rows == [
+        ("n", "0", "-", "inf/1000 GiB", "inf%", str(big), "300/700 W", "hw_slowdown"),
+        ("n", "1.5", "-", "-", "-", "-", "-", "-"),
+        ("n", "2", "error: gone", "", "", "", "", ""),
+        ("n", "3", "-", "-/80 GiB", "-", "-", "-", "-"),
+        ("n", "4", "-", "-", "-", "inf C", "inf/700 W", "-"),
+    ]
+    assert render.data_of(Result("gpu-status", "n", "ok", "s", data=None)) == {}
+    assert render.data_of(Result("gpu-status", "n", "ok", "s", data=[1])) == {"data": [1]}
+
+
+def test_strict_json_names_each_non_finite_float():
+    assert render.strict_json([float("inf"), float("-inf"), float("nan"), 1.5]) == \
+        ["Infinity", "-Infinity", "NaN", 1.5]
+
+
+def test_fold_names_keeps_natural_order_for_names_it_cannot_fold():
+    assert render.fold_names(["b,10", "b,9", "n2", "n10"]) == "n[2,10],b,9,b,10"
+
+
+def test_summary_line_counts_each_error_layer():
+    assert render.summary_line([Result.failure("p", "a", "unreachable", "x"),
+                                Result.failure("p", "b", "unreachable", "y"),
+                                Result.failure("p", "c", "timeout", "z")]) == \
+        "3 error (2 unreachable, 1 timeout)"
+
+
+def test_errors_that_differ_do_not_fold_together():
+    a = Result("p", "a", "error", "s", error=ErrorInfo("crashed", "E", "one"))
+    b = Result("p", "b", "error", "s", error=ErrorInfo("crashed", "E", "two"))
+    assert [g.targets for g in fold([a, b])] == [["a"], ["b"]]
+
+
+def test_the_status_column_is_painted_and_rows_have_no_trailing_blanks():
+    out = io.StringIO()
+    render_table([Result("ping", "a", "warn", "")], out, color=True)
+    assert out.getvalue().splitlines()[1] == "a        \033[33mwarn\033[0m"
+
+
+def test_emit_writes_to_a_stream_without_an_encoding():
+    class Sink:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            self.parts.append(text)
+    sink = Sink()
+    render.emit(sink, "a \N{MIDDLE DOT} b")
+    assert sink.parts == ["a \N{MIDDLE DOT} b"]

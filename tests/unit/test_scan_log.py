@@ -57,8 +57,8 @@ EXPECTED = {
         "cuda-oom": [3, 18],
     }),
     "dmesg_xid.log": ("fail", {
-        "xid-fatal": [7, 12, 13, 14, 18],
-        "xid": [5, 6, 19],
+        "xid-fatal": [7, 14, 18],
+        "xid": [5, 6, 12, 13, 19],
         "killed": [15, 16],
     }),
     "slurm_killed.log": ("fail", {
@@ -168,16 +168,16 @@ def test_xid_fixture_numbers_devices_and_levels():
     r = scan(LOGS / "dmesg_xid.log")
     m = r["data"]["matches"]
     assert [(e["xid"], e["device"]) for e in m["xid-fatal"]] == [
-        (79, "0000:5d:00"), (94, "0000:9a:00"), (63, "0000:9a:00"), (74, "0000:18:00"), (48, "0000:bb:00")]
+        (79, "0000:5d:00"), (74, "0000:18:00"), (48, "0000:bb:00")]
     assert [(e["xid"], e["device"]) for e in m["xid"]] == [
-        (13, "0000:3b:00"), (31, "0000:3b:00"), (13, "0000:3b:00")]
+        (13, "0000:3b:00"), (31, "0000:3b:00"), (94, "0000:9a:00"), (63, "0000:9a:00"), (13, "0000:3b:00")]
     xid = [f for f in r["findings"] if f["code"] == "xid"][0]
     assert xid["level"] == "warn"
-    assert xid["message"].startswith("3 Xid lines (Xid 13 on 0000:3b:00 \u00d72, 31 on 0000:3b:00)")
+    assert xid["message"].startswith(
+        "5 Xid lines (Xid 13 on 0000:3b:00 \u00d72, 31 on 0000:3b:00, 94 on 0000:9a:00, 63 on 0000:9a:00)")
     fatal = [f for f in r["findings"] if f["code"] == "xid-fatal"][0]
     assert fatal["message"].startswith(
-        "5 fatal Xid lines (Xid 79 on 0000:5d:00, 94 on 0000:9a:00, 63 on 0000:9a:00, "
-        "74 on 0000:18:00, 48 on 0000:bb:00)")
+        "3 fatal Xid lines (Xid 79 on 0000:5d:00, 74 on 0000:18:00, 48 on 0000:bb:00)")
 
 
 def test_nonfatal_xid_alone_is_warn(tmp_path):
@@ -252,6 +252,25 @@ def test_error_line_followed_by_traceback_is_not_an_empty_message(tmp_path):
                  "ERROR in batch 8-11: shape mismatch\n")
     r = scan(p)
     assert lines_of(r, "empty-error") == [5]
+
+
+@pytest.mark.parametrize("line, empty", [
+    ("Error in step 3:", True),                    # the capitalised word, not only ERROR
+    ("2026-05-02 11:00:45,120 Error extract: batch 8-11 failed:", True),
+    ("ERROR in batch 0-3:\t\t", True),             # trailing tabs are whitespace too
+    ("Error in step 3:\t \t", True),
+    ("ERROR in batch 0-3:\tshape mismatch", False),  # a message after a tab
+    ("error in step 3:", False),                   # lower case is not the logging level
+    ("ErrorHandler:", False),                      # not the word Error
+    ("ERRORS:", False),
+    ("Error in step 3: bad shape\t", False),
+])
+def test_empty_error_message_shapes(tmp_path, line, empty):
+    p = tmp_path / "one.log"
+    p.write_text(line + "\n")
+    r = scan(p)
+    assert lines_of(r, "empty-error") == ([1] if empty else [])
+    assert r["status"] == ("fail" if empty else "ok")
 
 
 @pytest.mark.parametrize("line, kind", [

@@ -470,3 +470,108 @@ def test_out_of_descriptors_is_said_plainly():
     err = base.descriptors_error("cannot open a connection to h:22")
     assert err.layer == "unreachable"
     assert err.message.startswith("out of file descriptors (ulimit -n ")
+
+
+# ----------------------------------------------------------------------- what a refusal says
+# (found by the mutation run of setup.cfg [mutmut]: the reasons below reach the protocol row)
+
+def _reason(body: bytes) -> str:
+    with pytest.raises(wire.ProtocolError) as exc:
+        wire.decode_result(body)
+    return exc.value.reason
+
+
+def test_a_nan_is_named_in_the_refusal():
+    assert _reason(json.dumps(good_doc()).replace('0.25', 'NaN').encode()).startswith(
+        "the result is not JSON (NaN is not JSON")
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"summary": 1.5}, "summary is a number, not a string"),
+    ({"summary": 2}, "summary is a number, not a string"),
+    ({"summary": True}, "summary is a boolean, not a string"),
+    ({"summary": None}, "summary is null, not a string"),
+    ({"summary": []}, "summary is a list, not a string"),
+    ({"data": "x"}, "data is a string, not an object"),
+    ({"status": "s" * 50}, "status is '" + "s" * 39 + ", not one of ok, warn, fail, error"),
+    ({"status": 3}, "status is a number, not one of ok, warn, fail, error"),
+    ({"error": {"layer": "L" * 50, "type": "t", "message": "m"}},
+     "error.layer '" + "L" * 40 + "' is not a known layer"),
+])
+def test_each_refusal_names_the_field_and_the_type(changes, reason):
+    assert _reason(json.dumps(good_doc(**changes)).encode()) == reason
+
+
+def test_a_value_json_cannot_hold_is_named_by_its_type():
+    assert wire.schema_problem(("a", "tuple")) == "the result is tuple, not an object"
+    assert wire.schema_problem(good_doc(summary={1, 2})) == "summary is set, not a string"
+
+
+def test_a_refused_payload_says_why():
+    payload = wire.build_payload(b"R", {"nonce": NONCE}, {"a.py": b"x" * 10})
+    with pytest.raises(ValueError, match=r"^payload truncated: a part of 10 bytes has 7$"):
+        wire.parse_payload(payload[:-3])
+    with pytest.raises(ValueError, match=r"^5 trailing bytes after the bundle$"):
+        wire.parse_payload(payload + b"extra")
+
+
+BEGIN = (wire.FRAME_BEGIN % NONCE + "\n").encode()
+END = ("\n" + wire.FRAME_END % NONCE).encode()
+
+
+def test_frame_edges():
+    assert wire.find_frame(BEGIN + b"{}" + END, NONCE) == b"{}"          # a frame at offset 0
+    assert wire.find_frame(BEGIN + END, NONCE) == b""                    # an empty one
+    assert wire.find_frame(b"x" + BEGIN + b"{}" + END + b"\n" + BEGIN + b"{\"par", NONCE) == b"{}"
+    assert wire.find_frame(b"", NONCE) is None
+
+
+@pytest.mark.parametrize("before", [b"", b"xyz", b"j" * 500])
+def test_an_end_without_a_begin_shows_what_came_before_it(before):
+    with pytest.raises(wire.ProtocolError) as exc:
+        wire.find_frame(before + END, NONCE)
+    assert exc.value.reason.startswith("the result frame's end marker came without its begin marker "
+                                       "(a frame over the 16 MiB limit")
+    assert exc.value.excerpt == (wire.safe_excerpt(before[-wire.EXCERPT_CHARS:]) if before else "")
+
+
+def test_protocol_error_text():
+    plain = wire.ProtocolError("r")
+    assert (plain.reason, plain.excerpt, str(plain)) == ("r", "", "r")
+    with_excerpt = wire.ProtocolError("r", b"ab\x1b")
+    assert (with_excerpt.reason, with_excerpt.excerpt, str(with_excerpt)) == ("r", "'ab\\x1b'", "r; it began 'ab\\x1b'")
+
+
+@pytest.mark.parametrize("data, excerpt", [
+    (b"abc", "'abc'"),
+    (b"a" * 50, "'" + "a" * 50 + "'"),
+    (b"a" * 160, "'" + "a" * 160 + "'"),
+    (b"a" * 161, "'" + "a" * 160 + "'\N{HORIZONTAL ELLIPSIS}"),
+    (b"a" * 200, "'" + "a" * 160 + "'\N{HORIZONTAL ELLIPSIS}"),
+    (b"\xff\xe9", "'\\\\xff\\\\xe9'"),
+])
+def test_safe_excerpt_exactly(data, excerpt):
+    assert wire.safe_excerpt(data) == excerpt
+
+
+@pytest.mark.parametrize("body", [b"[" * 100, b"not json", b'{"schema": 2}'])
+def test_every_refusal_carries_an_excerpt_of_the_frame(body):
+    with pytest.raises(wire.ProtocolError) as exc:
+        wire.decode_result(body)
+    assert exc.value.excerpt == wire.safe_excerpt(body)
+
+
+def test_not_json_says_what_the_parser_said():
+    assert _reason(b"{]").startswith("the result is not JSON (Expecting property name enclosed in double quotes")
+
+
+def test_a_result_of_exactly_the_size_limit_passes():
+    doc = good_doc()
+    body = json.dumps(doc).encode()
+    doc["data"]["pad"] = "x" * (wire.MAX_RESULT_BYTES - len(body) - len(', "pad": ""'))
+    body = json.dumps(doc).encode()
+    assert len(body) == wire.MAX_RESULT_BYTES
+    assert wire.decode_result(body)["data"]["pad"].startswith("xxx")
+    with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
+        wire.decode_result(body[:-1] + b" }")
+    assert exc.value.excerpt.startswith("'{\"schema\": 1")
