@@ -7,11 +7,12 @@ GPU or restarts the node or VM; 74, NVLink, whose decode workflow mostly ends in
 Before this test the two scripts disagreed on Xid 61, 62 and 140.
 """
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.programs import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "tests" / "fixtures" / "xid" / "immediate-actions.json"
@@ -23,11 +24,7 @@ ALSO_FATAL = {74}  # WORKFLOW_NVLINK_ERR
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location("mldiag_test_xid_" + name,
-                                                  str(ROOT / "diagnostics" / "scripts" / (name + ".py")))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(name + ".py", "mldiag_test_xid_" + name)
 
 
 def catalog():
