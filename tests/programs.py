@@ -9,6 +9,7 @@ Only the standard library here: the lab's self-tests use it too, without importi
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +66,18 @@ def start_mldiag(*argv, cwd=REPO, env: Optional[Mapping[str, str]] = None,
     stderr are pipes unless ``popen_kw`` says otherwise."""
     popen_kw.setdefault("stdout", subprocess.PIPE)
     popen_kw.setdefault("stderr", subprocess.PIPE)
+    popen_kw.setdefault("preexec_fn", _as_a_terminal_would_start_it)
     return subprocess.Popen(MLDIAG + [str(a) for a in argv], cwd=str(cwd),
                             env=program_env(env, unset), text=True, **popen_kw)
+
+
+def _as_a_terminal_would_start_it() -> None:
+    """SIGINT and SIGQUIT at their defaults in the child. A shell starts a background job (`cmd &`
+    without job control: a CI wrapper, `nohup ... &`) with both ignored, the ignore is inherited,
+    and a program keeps an inherited SIG_IGN (Python installs no KeyboardInterrupt handler then):
+    the Ctrl-C tests would send SIGINT into the void."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def load_module(path, name: str):
