@@ -174,7 +174,7 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         render.render_json(results, out)
     else:
         details = render.render_diff if opts.diff else after_table
-        render.render_table(results, out, details=details)
+        render.render_table(results, out, details=details, color=render.wants_color(out))
     out.flush()
     return Outcome(results, exit_code(results))
 

@@ -6,6 +6,7 @@ terminal detection; the caller picks the stream and whether to colour.
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
@@ -134,6 +135,14 @@ def _clip(line: str, width: int) -> str:
     if len(line) <= width:
         return line
     return line[:width] + f"\N{HORIZONTAL ELLIPSIS} (+{len(line) - width} chars)"
+
+
+def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None) -> bool:
+    """Statuses in colour only on a terminal, never when ``NO_COLOR`` is set (no-color.org) or
+    ``TERM=dumb``: a pipe, a file or ``--json`` reader gets plain text."""
+    env = os.environ if environ is None else environ
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and not env.get("NO_COLOR") and env.get("TERM") != "dumb"
 
 
 def _paint(text: str, status: str, color: bool) -> str:

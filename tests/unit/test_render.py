@@ -684,3 +684,53 @@ def test_emit_writes_to_a_stream_without_an_encoding():
     sink = Sink()
     render.emit(sink, "a \N{MIDDLE DOT} b")
     assert sink.parts == ["a \N{MIDDLE DOT} b"]
+
+
+def _mldiag_on_a_pty(tmp_path, env_extra):
+    """`mldiag ping` on a local target with its stdout on a real pseudo-terminal: what it wrote."""
+    import os
+    import pty
+    import subprocess
+    from tests.programs import MLDIAG, program_env
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  here: {local: true}\n")
+    leader, follower = pty.openpty()
+    env = program_env(dict(env_extra), ("NO_COLOR",))
+    proc = subprocess.Popen(MLDIAG + ["ping", "--hosts-file", str(hosts), "-H", "here"],
+                            stdout=follower, stderr=subprocess.PIPE, env=env, cwd=str(tmp_path))
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:        # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    return seen.decode()
+
+
+@pytest.mark.parametrize("env,painted", [({"TERM": "xterm"}, True),
+                                         ({"TERM": "xterm", "NO_COLOR": "1"}, False),
+                                         ({"TERM": "dumb"}, False)])
+def test_statuses_are_coloured_on_a_terminal_only(tmp_path, env, painted):
+    """The table's status column is painted on a real terminal (a pty), never with NO_COLOR or
+    TERM=dumb; on a pipe it is plain (every other test here reads a pipe or a StringIO)."""
+    screen = _mldiag_on_a_pty(tmp_path, env)
+    assert "here" in screen and "ok" in screen
+    assert ("\033[32mok\033[0m" in screen) is painted, repr(screen)
+    assert ("\033[" in screen) is painted
+
+
+def test_wants_color_reads_the_stream_and_the_environment():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    assert render.wants_color(Tty(), {"TERM": "xterm"})
+    assert not render.wants_color(io.StringIO(), {"TERM": "xterm"})
+    assert not render.wants_color(Tty(), {"NO_COLOR": "x"})
+    assert render.wants_color(Tty(), {"NO_COLOR": ""})      # no-color.org: set and non-empty
+    assert not render.wants_color(Tty(), {"TERM": "dumb"})
