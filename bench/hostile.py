@@ -60,7 +60,11 @@ t0 = time.monotonic()
 r = runner.run_one(target, bundle.script_job("ping"), SshPool())
 wall = time.monotonic() - t0
 u = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"cpu": u.ru_utime + u.ru_stime, "rss_mib": u.ru_maxrss / 1024, "wall": wall,
+# NOTE: VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve (a vfork'd child reports its
+# parent's peak); VmHWM belongs to this process's own memory map
+with open("/proc/self/status") as f:
+    hwm_kib = int(next(l.split()[1] for l in f if l.startswith("VmHWM:")))
+print(json.dumps({"cpu": u.ru_utime + u.ru_stime, "rss_mib": hwm_kib / 1024, "wall": wall,
                   "row": r.status + (" " + r.error.layer if r.error else "")}))
 """
 

@@ -89,14 +89,20 @@ def test_malformed_frames_floods_and_marker_floods_are_rows_of_their_own(lab, tm
 
 
 def test_the_client_stays_bounded_under_a_gigabyte(lab, tmp_path):
-    """1 GB on stderr over SSH: the client's peak RSS stays far below the stream's size."""
+    """1 GB on stderr over SSH: the client's peak RSS stays far below the stream's size.
+
+    NOTE: peak RSS is VmHWM of the probe's own memory map. ru_maxrss would not do: Linux keeps
+    it across execve, and Python starts a child with vfork, so a probe started by a pytest
+    process that has loaded torch (test_diagnostics_remote) reports that process's 400 MB."""
     hosts = lab.hosts_yaml("hosts:\n" + hostile_host("flood", "stderr-flood", HOSTILE_BYTES=10**9))
     probe = textwrap.dedent(f"""\
-        import json, resource, sys
+        import json, re
         from diagnostics import bundle, runner, topology
         topo = topology.load({str(hosts)!r})
         r = runner.run_one(topo.targets["flood"], bundle.script_job("ping"), runner.SshPool())
-        print(json.dumps({{"status": r.status, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+        with open("/proc/self/status") as f:
+            hwm_kib = int(re.search(r"VmHWM:\\s*([0-9]+) kB", f.read()).group(1))
+        print(json.dumps({{"status": r.status, "rss_mib": hwm_kib / 1024}}))
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
                          timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
