@@ -556,9 +556,9 @@ def test_fd_removal_empties_a_tree_without_following_symlinks(rt, tmp_path, outs
     assert outside_intact(outside)
 
 
-def test_fd_removal_meets_a_directory_swapped_for_a_symlink_mid_way(rt, tmp_path, outside, monkeypatch):
-    """Between listing `victim` as a directory and opening it, another process moves it away and
-    puts a symlink to `outside` in its place: the link is removed, never what it points to."""
+def _remove_racing_a_swap(rt, tmp_path, outside, monkeypatch, put_in_place):
+    """remove_contents over a tree whose `victim` directory, between being listed and being
+    opened, is moved away and replaced by ``put_in_place(path)``: (what was left, the tree)."""
     top = tmp_path / "tree"
     top.mkdir()
     build_tree(top, outside)
@@ -567,7 +567,7 @@ def test_fd_removal_meets_a_directory_swapped_for_a_symlink_mid_way(rt, tmp_path
     def open_after_a_swap(path, flags, *args, **kw):
         if path == "victim" and not swapped:
             os.rename(top / "victim", tmp_path / "moved-away")
-            os.symlink(outside, top / "victim")
+            put_in_place(top / "victim")
             swapped.append(True)
         return real_open(path, flags, *args, **kw)
 
@@ -578,7 +578,16 @@ def test_fd_removal_meets_a_directory_swapped_for_a_symlink_mid_way(rt, tmp_path
     finally:
         os.close(fd)
     monkeypatch.undo()
-    assert swapped and left == 0
+    assert swapped
+    return left, top
+
+
+def test_fd_removal_meets_a_directory_swapped_for_a_symlink_mid_way(rt, tmp_path, outside, monkeypatch):
+    """Between listing `victim` as a directory and opening it, another process moves it away and
+    puts a symlink to `outside` in its place: the link is removed, never what it points to."""
+    left, top = _remove_racing_a_swap(rt, tmp_path, outside, monkeypatch,
+                                      lambda victim: os.symlink(outside, victim))
+    assert left == 0
     assert os.listdir(top) == []
     assert outside_intact(outside)
     assert (tmp_path / "moved-away" / "v.txt").read_text() == "ours"   # out of our tree: not ours to touch
@@ -587,26 +596,9 @@ def test_fd_removal_meets_a_directory_swapped_for_a_symlink_mid_way(rt, tmp_path
 def test_fd_removal_meets_a_directory_swapped_for_another_directory(rt, tmp_path, outside, monkeypatch):
     """The same race with a real directory put in place (a bind of `outside` would look so): it is
     not the one listed (device and inode differ), so it is not entered."""
-    top = tmp_path / "tree"
-    top.mkdir()
-    build_tree(top, outside)
-    real_open, swapped = os.open, []
-
-    def open_after_a_swap(path, flags, *args, **kw):
-        if path == "victim" and not swapped:
-            os.rename(top / "victim", tmp_path / "moved-away")
-            os.rename(outside, top / "victim")
-            swapped.append(True)
-        return real_open(path, flags, *args, **kw)
-
-    monkeypatch.setattr(rt.os, "open", open_after_a_swap)
-    fd = real_open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        left = rt.remove_contents(fd)
-    finally:
-        os.close(fd)
-    monkeypatch.undo()
-    assert swapped and left == 1
+    left, top = _remove_racing_a_swap(rt, tmp_path, outside, monkeypatch,
+                                      lambda victim: os.rename(outside, victim))
+    assert left == 1
     assert os.listdir(top) == ["victim"] and outside_intact(top / "victim")
 
 
