@@ -52,14 +52,20 @@ def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = Fa
 
 def select_targets(opts: Options) -> List[Target]:
     topo = topology.load(opts.hosts_file)
-    return topo.select(list(_split(opts.host)), list(_split(opts.group)))
+    return topo.select(_split(opts.host), _split(opts.group, "--group"))
 
 
-def _split(values: Sequence[str]) -> List[str]:
-    """Repeatable flags; a value may also be a comma list (node sets keep their brackets)."""
+def _split(values: Sequence[str], flag: str = "--host") -> List[str]:
+    """Repeatable flags; a value may also be a comma list (node sets keep their brackets).
+    A value that names nothing (``-H ''``, ``-H ,``) is bad input: running on the default
+    targets instead would answer a question nobody asked."""
     out = []
     for value in values or ():
-        out.extend(v for v in _split_top_level_commas(value) if v)
+        names = [v for v in _split_top_level_commas(value) if v]
+        if not names:
+            raise InputError(f"{flag}: expected a target name, a comma list or a node set, "
+                             f"got {value!r}")
+        out.extend(names)
     return out
 
 
@@ -197,7 +203,7 @@ def show_hosts(opts: Options, *, out: TextIO = None) -> None:
     from .hops import describe_targets
     out = out or sys.stdout
     topo = topology.load(opts.hosts_file)
-    targets = topo.select(list(_split(opts.host)), list(_split(opts.group))) \
+    targets = topo.select(_split(opts.host), _split(opts.group, "--group")) \
         if (opts.host or opts.group) else list(topo.targets.values())
     rows = list(zip([t.name for t in targets], describe_targets(targets)))
     if opts.json:

@@ -51,6 +51,17 @@ class MldiagTask(Task):
             raise Exit(outcome.stderr_text(), code=outcome.exit_code)
         return outcome
 
+    def get_arguments(self, *args, **kwargs):
+        """A repeatable flag (``-H``, ``--arg``, ...) given last with no value is Invoke's
+        "needed value" parse error, as for any other flag: Invoke starts list flags with a raw
+        value of ``[]``, which its own check takes for a value, so a bare ``-H`` ran on the
+        default targets."""
+        arguments = super().get_arguments(*args, **kwargs)
+        for argument in arguments:
+            if argument.kind is list:
+                argument.raw_value = None
+        return arguments
+
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
