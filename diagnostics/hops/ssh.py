@@ -13,15 +13,19 @@
   (the bootstrap constant aside), checked here, right before sending.
 """
 
+import logging
 import os
 import select
 import shlex
 import socket
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 import paramiko
+
+if TYPE_CHECKING:   # imported for real where a connection is opened (see _open_now)
+    import fabric
 
 from .. import wire
 from ..topology import is_safe_token
@@ -29,6 +33,12 @@ from .base import (ProcessOutput, StreamCapture, Transport, TransportError, conc
                    descriptors_error, first_line, out_of_descriptors, record_command)
 from .knownhosts import HostKeyRefused, trust_known_hosts
 from .sshconfig import Endpoint
+
+# NOTE: paramiko logs a failed handshake with its traceback at ERROR; with no handler
+# configured, Python's last-resort handler prints that on stderr beside mldiag's own row.
+# A NullHandler keeps it off the terminal (an application that configures logging still sees it).
+if not logging.getLogger("paramiko").handlers:
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 MAX_CHANNELS = 8
 # New connections opened through one jump host at a time: sshd's default MaxStartups 10:30:100
@@ -354,7 +364,7 @@ class SshPool:
         except (socket.timeout, TimeoutError):
             raise TransportError("unreachable", f"{where}: no SSH answer within {ep.connect_timeout:g} s")
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError("unreachable", f"{where}: {exc or type(exc).__name__}")
+            raise _open_failure(ep, where, exc, conn.client.get_transport()) from None
         transport = conn.client.get_transport()
         transport.set_keepalive(30)
         pooled = PooledConnection(ep, conn, via)
@@ -363,6 +373,30 @@ class SshPool:
             if via is not None:
                 via.dependents += 1
         return pooled
+
+
+NO_KEY_HINT = ("give hosts.yaml an identity_file, load a key into ssh-agent (ssh-add), or "
+               "install one on the host (ssh-copy-id)")
+
+
+def _open_failure(ep: Endpoint, where: str, exc: BaseException, transport) -> TransportError:
+    """The layer that failed, named from what paramiko raised and how far it got.
+
+    paramiko says "No authentication methods available" when it had no key to offer (that is
+    ``auth``, not a network failure), and "No existing session" or "Error reading SSH protocol
+    banner" when the port answered but no SSH banner came (a web server, a wrong port)."""
+    text = str(exc) or type(exc).__name__
+    if "No authentication methods available" in text:
+        return TransportError("auth", f"no key to offer {where}: no identity file exists and no "
+                              f"ssh-agent is running ({NO_KEY_HINT})")
+    if transport is not None and not getattr(transport, "remote_version", "x"):
+        if isinstance(exc, EOFError) or "reset" in text.lower() or "EOF" in text:
+            return TransportError("unreachable", f"{ep.hostname}:{ep.port} closed the connection "
+                                  "before sending an SSH banner (sshd refusing new connections "
+                                  "(MaxStartups), or not an SSH server)")
+        return TransportError("unreachable", f"{ep.hostname}:{ep.port} answered but is not an SSH "
+                              f"server (no banner in {ep.connect_timeout:g} s)")
+    return TransportError("unreachable", f"{where}: {text}")
 
 
 class SshTransport(Transport):

@@ -195,3 +195,28 @@ def test_accept_new_never_writes_through_a_symlinked_known_hosts(lab, ssh_setup,
     assert r.status == "error" and r.error.layer == "hostkey", r.to_dict()
     assert "symlink" in r.error.message
     assert target.read_text() == ""
+
+
+def test_no_key_to_offer_is_auth_with_a_hint(lab, tmp_path):
+    """No identity file exists and no agent runs: paramiko's "No authentication methods
+    available" is the `auth` layer with the ways to fix it (issue 11 item 13), not `unreachable`."""
+    cfg = tmp_path / "ssh_config_no_key"
+    cfg.write_text(f"Host nokey\n  HostName {lab.main.address}\n  Port {lab.main.port}\n"
+                   f"  User mlsh\n  IdentityFile {tmp_path / 'no-such-key'}\n"
+                   f"  UserKnownHostsFile {lab.known_hosts}\n  StrictHostKeyChecking yes\n")
+    old = os.environ.get("MLDIAG_SSH_CONFIG")
+    os.environ["MLDIAG_SSH_CONFIG"] = str(cfg)
+    agent = os.environ.pop("SSH_AUTH_SOCK", None)
+    try:
+        r = ping(lab, "hosts:\n  nokey: {}\n", "nokey")
+    finally:
+        if old is None:
+            os.environ.pop("MLDIAG_SSH_CONFIG", None)
+        else:
+            os.environ["MLDIAG_SSH_CONFIG"] = old
+        if agent is not None:
+            os.environ["SSH_AUTH_SOCK"] = agent
+    assert r.status == "error" and r.error.layer == "auth", r.to_dict()
+    assert r.error.message.startswith("no key to offer mlsh@"), r.error.message
+    assert "identity_file" in r.error.message and "ssh-agent" in r.error.message
+    assert "ssh-copy-id" in r.error.message
