@@ -14,6 +14,7 @@ class _Container(Wrapper):
     tool = "?"
     missing = ()       # stderr fragments meaning "no such container"
     stopped = ()       # ... "container not running"
+    no_service = ()    # ... "the runtime's daemon or API server cannot be reached"
 
     def __init__(self, id: str, exec_user: Optional[str] = None):
         self.id = id
@@ -35,7 +36,12 @@ class _Container(Wrapper):
         line = find_line(stderr, *self.missing)
         if line:
             return "container", f"{self.describe()}: not found ({line})"
-        line = find_line(stderr, f"{self.tool}: not found", f"{self.tool}: command not found")
+        line = find_line(stderr, *self.no_service)
+        if line:
+            return "container", f"{self.describe()}: {self.tool} cannot reach its service ({line})"
+        # sh/dash, bash, zsh, and a local exec that found no such program
+        line = find_line(stderr, f"{self.tool}: not found", f"{self.tool}: command not found",
+                         f"command not found: {self.tool}", f"{self.tool}: No such file")
         if line:
             return "container", f"{self.tool} is not installed on the host ({line})"
         return None
@@ -67,6 +73,10 @@ class Docker(_Container):
     kind = tool = "docker"
     missing = ("no such container",)
     stopped = ("is not running",)
+    # "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker
+    # daemon running?" (the CLI with no dockerd; also a socket it may not open)
+    no_service = ("cannot connect to the docker daemon",
+                  "permission denied while trying to connect to the docker daemon")
 
     def wrap(self, argv):
         user = ["-u", self.exec_user] if self.exec_user else []
@@ -77,12 +87,17 @@ class Podman(Docker):
     kind = tool = "podman"
     missing = ("no such container", "no container with name or id")
     stopped = ("container state improper", "is not running")
+    # remote podman (CONTAINER_HOST) with no service: "Cannot connect to Podman. ..."
+    no_service = ("cannot connect to podman", "unable to connect to podman socket")
 
 
 class Kubectl(_Container):
     kind = tool = "kubectl"
     missing = ("(notfound)",)
     stopped = ("container not found", "is not running", "unable to upgrade connection")
+    # "The connection to the server localhost:8080 was refused - did you specify the right
+    # host or port?", "Unable to connect to the server: dial tcp ...: i/o timeout"
+    no_service = ("the connection to the server", "unable to connect to the server")
 
     def __init__(self, id, exec_user=None, namespace=None, container=None):
         super().__init__(id, exec_user)
