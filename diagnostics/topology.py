@@ -306,6 +306,16 @@ def _identity_file(value: Any, at: At) -> str:
     return path
 
 
+def _interpreter(value: Any, at: At) -> str:
+    """``python3`` (looked up on the target's PATH) or an absolute path; ``~`` is refused with
+    the way out, since no shell on the target expands it (the interpreter is exec'd as is)."""
+    text = value if isinstance(value, str) else None
+    if text is not None and text.startswith("~"):
+        raise at.error(f"{show(text)}: '~' is not expanded on the target (no shell runs the "
+                       "interpreter); use an absolute path such as /root/venv/bin/python")
+    return expect_argument(value, at)
+
+
 def _directory(value: Any, at: At) -> str:
     """An absolute directory on the target (travels in the bundle's header, never on a command line)."""
     path = expect_shell_token(value, at)
@@ -377,7 +387,7 @@ def _keep(value: Any, at: At) -> Any:
 
 
 _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
-    "user": expect_argument, "port": expect_port, "python": expect_argument, "tmpdir": _directory, "timeout": expect_seconds,
+    "user": expect_argument, "port": expect_port, "python": _interpreter, "tmpdir": _directory, "timeout": expect_seconds,
     "connect_timeout": expect_seconds, "identity_file": _identity_file,
     "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,

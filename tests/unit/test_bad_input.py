@@ -36,6 +36,11 @@ HOSTS_FILES = {
                      "(did you mean 'bastion'? known: a,bastion)"),
     "unknown-group-member": ("hosts:\n  a: {}\ngroups:\n  g: [a, b]\n",
                              "hosts.yaml:4: groups.g[1]: unknown target or group 'b' (known: a,g,local)"),
+    # issue 11 item 15: the way out, not only what is wrong
+    "interpreter-under-home": ("hosts:\n  a: {address: h, python: ~/venv/bin/python}\n",
+                               "hosts.yaml:2: hosts.a.python: '~/venv/bin/python': '~' is not "
+                               "expanded on the target (no shell runs the interpreter); use an "
+                               "absolute path such as /root/venv/bin/python"),
     "jump-cycle": ("hosts:\n  a: {jump: b}\n  b: {jump: c}\n  c: {jump: a}\n",
                    "hosts.yaml:2: hosts.a.jump: jump cycle: a → b → c → a"),
     "reversed-range": ('hosts:\n  gpu[08-01]: {address: "10.0.0.[1-8]"}\n',
