@@ -137,6 +137,11 @@ def _clip(line: str, width: int) -> str:
     return line[:width] + f"\N{HORIZONTAL ELLIPSIS} (+{len(line) - width} chars)"
 
 
+def count(n: int, noun: str) -> str:
+    """``count(1, "GPU")`` → "1 GPU", ``count(8, "GPU")`` → "8 GPUs"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None) -> bool:
     """Statuses in colour only on a terminal, never when ``NO_COLOR`` is set (no-color.org) or
     ``TERM=dumb``: a pipe, a file or ``--json`` reader gets plain text."""
@@ -395,7 +400,7 @@ def render_gpus(results: Sequence[Result], stream: TextIO) -> None:
     if not rows:
         return
     if len(rows) > GPU_ROWS_LIMIT:
-        emit(stream, f"\n({len(rows)} GPUs: per-GPU rows are in --json)\n")
+        emit(stream, f"\n({count(len(rows), 'GPU')}: per-GPU rows are in --json)\n")
         return
     header = ("TARGET", "GPU", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "CLOCK EVENTS")
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]

@@ -229,7 +229,8 @@ def _gpu_table(results: Sequence[Result]) -> List[str]:
     if not rows:
         return []
     if not shown:
-        return ["", f"All {len(rows)} GPUs idle, no clock events."]
+        return ["", "The only GPU is idle, no clock events." if len(rows) == 1 else
+                f"All {len(rows)} GPUs idle, no clock events."]
     head = ("Target", "GPU", "Name", "Memory", "Util", "Temp", "Power", "Clock events")
     return ["", f"GPUs in use, throttled or in error ({len(shown)} of {len(rows)}):", "",
             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + \

@@ -341,6 +341,12 @@ def fmt_mib(mib):
     return "%d MiB" % mib
 
 
+
+def count_gpus(n):
+    """1 -> "1 GPU", 8 -> "8 GPUs"."""
+    return "%d GPU%s" % (n, "" if n == 1 else "s")
+
+
 def fmt_indices(indices):
     """[0, 1, 2, 5] -> "GPUs 0-2,5"; [3] -> "GPU 3"."""
     idx = sorted(set(i for i in indices if i is not None))
@@ -1240,13 +1246,13 @@ def analyse(data, args, findings):
                    "missing from both fell off the bus (Xid 79)"
             if env:
                 hint += "; note %s" % ", ".join("%s=%s" % kv for kv in sorted(env.items()))
-            findings.append(finding("fail", "gpu-count-low", "%d of %d GPUs visible" % (visible, args.expect_gpus),
-                                    hint=hint, short="%d of %d GPUs visible" % (visible, args.expect_gpus)))
+            findings.append(finding("fail", "gpu-count-low", "%d of %s visible" % (visible, count_gpus(args.expect_gpus)),
+                                    hint=hint, short="%d of %s visible" % (visible, count_gpus(args.expect_gpus))))
         elif visible > args.expect_gpus:
             findings.append(finding("warn", "gpu-count-high",
-                                    "%d GPUs visible, %d expected" % (visible, args.expect_gpus),
+                                    "%s visible, %d expected" % (count_gpus(visible), args.expect_gpus),
                                     hint="update `gpus:` in hosts.yaml if the machine changed",
-                                    short="%d GPUs visible, %d expected" % (visible, args.expect_gpus)))
+                                    short="%s visible, %d expected" % (count_gpus(visible), args.expect_gpus)))
     for g in bad_rows:
         findings.append(finding("warn", "gpu-row-error", "%s could not be read: %s" % (gpu_label(g), g["error"]),
                                 short="%s unreadable" % gpu_label(g)))
@@ -1387,7 +1393,7 @@ def no_tools_findings(path, expect_gpus=None):
     if not out:
         # A machine that should have GPUs (hosts.yaml gpus: N) and has no driver tools fails.
         level = "fail" if expect_gpus else "warn"
-        expected = " on a machine expected to have %d GPUs" % expect_gpus if expect_gpus else ""
+        expected = " on a machine expected to have %s" % count_gpus(expect_gpus) if expect_gpus else ""
         out.append(finding(level, "no-nvidia-tools",
                            "no NVIDIA driver tools found (nvidia-smi, %s)%s" % (NVML_LIBRARY, expected),
                            hint="install the NVIDIA driver; inside a container, start it with the NVIDIA "

@@ -908,3 +908,11 @@ def test_runs_on_python38(smi_env, tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
+
+
+def test_one_gpu_is_said_in_the_singular():
+    """Issue 11 item 15: "0 of 1 GPU visible", not "1 GPUs"."""
+    gs = load_script("gpu_status.py", "gpu_status_plural")
+    assert [gs.count_gpus(n) for n in (0, 1, 2, 8)] == ["0 GPUs", "1 GPU", "2 GPUs", "8 GPUs"]
+    from diagnostics import render
+    assert render.count(1, "GPU") == "1 GPU" and render.count(80, "GPU") == "80 GPUs"
