@@ -1298,3 +1298,46 @@ def test_a_nodelist_that_is_not_a_string():
 ])
 def test_a_missing_container_key(spec, message):
     assert str(error_of(f"hosts:\n  h: {{containers: {{c: {spec}}}}}\n")) == message
+
+
+def test_expand_nodeset_counts_against_the_budget_given_or_none():
+    budget = topology.nodeset.Budget(10, "this test")
+    assert topology.expand_nodeset("n[1-4]", budget) == ["n1", "n2", "n3", "n4"]
+    assert budget.left == 6
+    assert topology.expand_nodeset("n[1-2]") == ["n1", "n2"]    # outside a file: no budget
+
+
+def test_slurm_nodelists_count_against_the_file_budget():
+    text = "hosts:\n" + "".join(f'  l{i}: {{slurm: {{nodelist: "n[1-99999]"}}}}\n' for i in range(6))
+    with pytest.raises(InputError, match=r"^hosts\.yaml:7: hosts\.l5\.slurm\.nodelist: more than "
+                                         r"500000 names in one hosts file"):
+        loads(text)
+
+
+def test_a_node_range_cannot_have_containers():
+    error = error_of("hosts:\n  'n[1-2]': {containers: {c: {runtime: docker, id: x}}}\n")
+    assert str(error) == ("hosts.yaml:2: hosts.n[1-2].containers: a node range (2 hosts) cannot "
+                          "have containers: container names are target names and must be unique")
+
+
+def test_exactly_max_nodes_hosts_load():
+    topo = loads(f'hosts:\n  "n[1-{topology.MAX_NODES - 1}]": {{}}\n  a: {{}}\n')
+    assert len(topo.targets) == topology.MAX_NODES + 1          # and the embedded local
+
+
+def test_a_local_host_before_ssh_hosts_leaves_them_resolved():
+    topo = loads("hosts:\n  me: {local: true}\n  a: {address: x}\n")
+    assert topo.targets["me"].host is None and topo.targets["a"].host.address == "x"
+
+
+def test_a_bad_runbooks_item_is_named_by_its_index():
+    error = error_of("hosts: {}\nrunbooks:\n  - books\n  - 5\n")
+    assert str(error) == "hosts.yaml:4: runbooks[1]: expected a directory, got 5"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("hosts: {}\ndefaults: 5\n", "hosts.yaml:2: defaults: expected a mapping, got 5"),
+    ("defaults: {}\nhosts: 5\n", "hosts.yaml:2: hosts: expected a mapping, got 5"),
+])
+def test_a_top_level_section_that_is_not_a_mapping_is_named_at_its_line(text, message):
+    assert str(error_of(text)) == message

@@ -28,3 +28,24 @@ def test_a_choice_error_lists_the_options_comma_separated():
     with pytest.raises(InputError) as caught:
         check(7, at)
     assert str(caught.value) == "f.yaml:3: runtime: expected one of pct, docker, got 7"
+
+
+def test_metadata_keys_are_never_constructed():
+    # an x-* value is dropped before construction: a tag there is not refused
+    assert yamlfile.parse("x-meta: !custom {a: 1, a: 2}\nhosts: {}\n", "f.yaml") == {"hosts": {}}
+    with pytest.raises(InputError, match=r"^f\.yaml:1: invalid YAML: tag '!custom' is not allowed"):
+        yamlfile.parse("meta: !custom x\n", "f.yaml")
+
+
+def test_show_cuts_a_value_past_80_characters():
+    assert yamlfile.show("a" * 78) == repr("a" * 78)                 # 80 characters: whole
+    assert yamlfile.show("a" * 79) == "'" + "a" * 75 + "..."         # 81: 76 and "..."
+
+
+def test_bounds_are_inclusive():
+    at = At("f.yaml", 1, "k")
+    assert yamlfile.expect_port(65535, at) == 65535
+    assert yamlfile.expect_port(1, at) == 1
+    assert yamlfile.expect_seconds(0.5, at) == 0.5
+    with pytest.raises(InputError, match=r"expected an integer from 1 to 65535, got 65536$"):
+        yamlfile.expect_port(65536, at)
