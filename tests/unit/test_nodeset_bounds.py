@@ -191,3 +191,16 @@ def test_fold_keeps_names_the_parser_reads_otherwise_as_written():
     assert nodeset.fold(["a!b", " a"]) == " a,a!b"
     # plain names follow the folded set, in natural order (9 before 10), joined by ','
     assert nodeset.fold(["a,10", "n2", "a,9", "n1"]) == "n[1-2],a,9,a,10"
+
+
+def test_group_member_node_sets_count_against_the_file_budget(monkeypatch):
+    # the file budget, made small: the host key spends 4, g0's node set 4, g1's would reach 12
+    monkeypatch.setattr(nodeset, "MAX_FILE_NAMES", 10)
+    text = "hosts:\n  n[1-4]: {}\ngroups:\n  g0: n[1-4]\n  g1: n[1-4]\n"
+    with pytest.raises(InputError, match=r"^h\.yaml:5: groups\.g1: more than 10 names in one "
+                                         r"hosts file"):
+        topology.loads(text, "h.yaml")
+
+
+def test_fold_folds_an_at_name_with_the_others():
+    assert nodeset.fold(["n1", "@x"]) == "@x,n1"     # read back as itself: not a plain leftover

@@ -1341,3 +1341,22 @@ def test_a_bad_runbooks_item_is_named_by_its_index():
 ])
 def test_a_top_level_section_that_is_not_a_mapping_is_named_at_its_line(text, message):
     assert str(error_of(text)) == message
+
+
+def test_a_nodelist_node_starting_with_a_dash_is_refused():
+    error = error_of('hosts:\n  l: {slurm: {nodelist: "-n[1-2]"}}\n')
+    assert str(error).startswith("hosts.yaml:2: hosts.l.slurm.nodelist: node '-n1' ")
+
+
+def test_a_group_keeps_its_names_before_a_group_reference():
+    topo = loads("hosts:\n  a: {}\n  b: {}\ngroups:\n  g: [b]\n  h: [a, g]\n")
+    assert topo.groups["h"] == ("a", "b")
+
+
+@pytest.mark.parametrize("member,message", [
+    ("'n[1-2]'", "hosts.yaml:4: groups.g: unknown target or group 'n2' (from 'n[1-2]') "),
+    ("zz", "hosts.yaml:4: groups.g: unknown target or group 'zz' ("),
+])
+def test_an_unknown_group_member_names_the_text_it_came_from(member, message):
+    error = str(error_of(f"hosts:\n  n1: {{}}\ngroups:\n  g: {member}\n"))
+    assert error.startswith(message) and "(from" not in error[len(message):]
