@@ -49,3 +49,34 @@ def test_bounds_are_inclusive():
     assert yamlfile.expect_seconds(0.5, at) == 0.5
     with pytest.raises(InputError, match=r"expected an integer from 1 to 65535, got 65536$"):
         yamlfile.expect_port(65536, at)
+
+
+def error(text):
+    with pytest.raises(InputError) as caught:
+        yamlfile.parse(text, "f.yaml")
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "f.yaml:1: empty file"),
+    ("\n\nb: \x01\n", "f.yaml:3: invalid YAML: control characters are not allowed (character #x0001)"),
+    ("\n\na: \ud800\n", "f.yaml:3: invalid YAML: surrogates not allowed"),
+    ("a: !!int abc\n", "f.yaml:1: invalid YAML: 'abc' is not a valid tag:yaml.org,2002:int"),
+    ("a: 1\n? [k]\n: 1\n", "f.yaml:2: invalid YAML: found unhashable key (while constructing a "
+                           "mapping at line 1)"),
+    ("a: &x 1\nb:\n  <<: *x\n", "f.yaml:1: invalid YAML: expected a mapping or list of mappings "
+                                "for merging, but found scalar (while constructing a mapping at "
+                                "line 3)"),
+    # duplicates are found after a merge key, an x-* key, an alias seen twice, a complex key
+    ("a: &x {k: 1}\nb:\n  <<: *x\n  c: 1\n  c: 2\n", "f.yaml:5: b.c: duplicate key (first at line 4)"),
+    ("x-a: 1\nb: 1\nb: 2\n", "f.yaml:3: b: duplicate key (first at line 2)"),
+    ("c: {d: 1, d: 2}\na: &x {k: 1}\nb: *x\n", "f.yaml:1: c.d: duplicate key (first at line 1)"),
+    ("? [a]\n: {c: 1, c: 2}\n", "f.yaml:2: <complex key>.c: duplicate key (first at line 2)"),
+])
+def test_parse_errors(text, message):
+    assert error(text) == message
+
+
+def test_two_merge_keys_are_not_duplicates():
+    text = "a: &x {k: 1}\nb: &y {m: 2}\nc:\n  <<: *x\n  <<: *y\n"
+    assert yamlfile.parse(text, "f.yaml")["c"] == {"k": 1, "m": 2}
