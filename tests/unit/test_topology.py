@@ -1338,6 +1338,7 @@ def test_a_bad_runbooks_item_is_named_by_its_index():
 @pytest.mark.parametrize("text,message", [
     ("hosts: {}\ndefaults: 5\n", "hosts.yaml:2: defaults: expected a mapping, got 5"),
     ("defaults: {}\nhosts: 5\n", "hosts.yaml:2: hosts: expected a mapping, got 5"),
+    ("hosts: {}\ngroups: 5\n", "hosts.yaml:2: groups: expected a mapping, got 5"),
 ])
 def test_a_top_level_section_that_is_not_a_mapping_is_named_at_its_line(text, message):
     assert str(error_of(text)) == message
@@ -1360,3 +1361,7 @@ def test_a_group_keeps_its_names_before_a_group_reference():
 def test_an_unknown_group_member_names_the_text_it_came_from(member, message):
     error = str(error_of(f"hosts:\n  n1: {{}}\ngroups:\n  g: {member}\n"))
     assert error.startswith(message) and error.count("(from") == message.count("(from")
+
+
+def test_a_local_target_in_the_file_keeps_its_place():
+    assert list(loads("hosts:\n  a: {}\n  local: {local: true}\n").targets) == ["a", "local"]
