@@ -134,3 +134,73 @@ def test_a_login_node_answering_a_bomb_is_an_error_row_and_the_allocation_is_can
     assert row.status == "error" and row.error.layer == "unreachable", row.to_dict()
     assert "allocation 4242 on login" in row.error.message and "at most 100000" in row.error.message
     assert log.read_text() == "scancel 4242\n"
+
+
+# Mutation testing (setup.cfg) found these edges untested.
+
+@pytest.mark.parametrize("text,size", [
+    ("n[5-5]", 1), ("n[5-3]", 1),          # a one-element and a reversed range
+    ("nX[1-5]", 5),                        # 'X' is a plain name character, not a separator
+])
+def test_size_bound_edges(text, size):
+    assert nodeset.size_bound(text) == size
+
+
+def test_split_top_level_tracks_nested_brackets():
+    assert nodeset.split_top_level("a[[1],2],b") == ["a[[1],2]", "b"]
+    assert nodeset.split_top_level("aXb,c") == ["aXb", "c"]
+
+
+def test_group_syntax_is_off():
+    # With ClusterShell's default resolver `@x` is a group lookup (empty without groups.conf).
+    assert nodeset.expand("@x") == ["@x"]
+    assert nodeset.fold(["@x"]) == "@x"
+
+
+def test_an_empty_node_set_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"^node set 'a!a' is empty$"):
+        nodeset.expand("a!a")
+
+
+def test_a_long_node_set_is_cut_to_80_characters_in_errors():
+    exact, longer = "a[" + "1" * 78, "a[" + "1" * 79
+    with pytest.raises(ValueError) as error:
+        nodeset.expand(exact)
+    assert str(error.value).startswith(f"invalid node set {exact!r}:")
+    with pytest.raises(ValueError) as error:
+        nodeset.expand(longer)
+    assert str(error.value).startswith(f"invalid node set {longer[:80] + '...'!r}:")
+
+
+def test_a_budget_may_be_spent_to_zero():
+    budget = nodeset.Budget(5, "this test")
+    budget.spend(5)
+    assert budget.left == 0
+    with pytest.raises(nodeset.TooManyNodes, match=r"more than 5 names in this test"):
+        budget.spend(1)
+
+
+def test_a_budget_counts_a_node_set_of_exactly_max_nodes():
+    budget = nodeset.Budget(nodeset.MAX_NODES + 10, "this test")
+    assert len(budget.expand(f"n[1-{nodeset.MAX_NODES}]")) == nodeset.MAX_NODES
+    assert budget.left == 10
+
+
+def test_fold_keeps_names_the_parser_reads_otherwise_as_written():
+    # 'a!b' reads back as one node 'a', ' a' as 'a': neither is folded.
+    assert nodeset.fold(["a!b", " a"]) == " a,a!b"
+    # plain names follow the folded set, in natural order (9 before 10), joined by ','
+    assert nodeset.fold(["a,10", "n2", "a,9", "n1"]) == "n[1-2],a,9,a,10"
+
+
+def test_group_member_node_sets_count_against_the_file_budget(monkeypatch):
+    # the file budget, made small: the host key spends 4, g0's node set 4, g1's would reach 12
+    monkeypatch.setattr(nodeset, "MAX_FILE_NAMES", 10)
+    text = "hosts:\n  n[1-4]: {}\ngroups:\n  g0: n[1-4]\n  g1: n[1-4]\n"
+    with pytest.raises(InputError, match=r"^h\.yaml:5: groups\.g1: more than 10 names in one "
+                                         r"hosts file"):
+        topology.loads(text, "h.yaml")
+
+
+def test_fold_folds_an_at_name_with_the_others():
+    assert nodeset.fold(["n1", "@x"]) == "@x,n1"     # read back as itself: not a plain leftover

@@ -33,7 +33,9 @@ def error_of(text: str, path: str = "hosts.yaml") -> InputError:
 
 # ---------------------------------------------------------------------------- the DESIGN.md example
 
-@pytest.fixture(scope="module")
+# Function-scoped (not module): mutmut maps each test to the code it calls, and a shared
+# fixture's load would be charged to the first test only, hiding the others' assertions.
+@pytest.fixture
 def example() -> Topology:
     return load(str(DESIGN_EXAMPLE))
 
@@ -151,7 +153,7 @@ INHERITANCE = doc("""
     """)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def inherited() -> Topology:
     return loads(INHERITANCE)
 
@@ -944,7 +946,7 @@ def test_a_file_just_under_the_limit_loads():
 
 # ---------------------------------------------------------------------------- select()
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lab() -> Topology:
     return loads(doc("""
         defaults:
@@ -1146,3 +1148,220 @@ def test_random_selections_raise_only_input_errors(host, groups):
     except InputError:
         return
     assert all(target.name in lab.targets for target in selected)
+
+
+# ---------------------------------------------------------------------------- found by mutation testing
+# (setup.cfg, issue 10): edges the tests above left open.
+
+SLURM_LAB = """
+    hosts:
+      login: {slurm: {partition: gpu, nodes: 4, nodelist: "n[1-4]"}}
+      plain: {}
+    """
+
+
+def test_a_slurm_row_is_the_login_target_restricted_to_its_nodes():
+    row, = loads(doc(SLURM_LAB)).select(["login:n[2-3]"])
+    assert row.name == "login:n[2-3]"
+    assert row.slurm == topology.Slurm(partition="gpu", nodes=2, nodelist="n2,n3")
+
+
+@pytest.mark.parametrize("value,message", [
+    ("login:", "unknown target 'login:' "),                 # no nodes: not a row
+    ("plain:n1", "unknown target 'plain:n1' "),             # not a Slurm target
+    ("login:n:3", "--host: login:n:3: node name 'n:3' is not a plain name"),
+    ("login:n[1-", "--host: login:n[1-: invalid node set 'n[1-': missing bracket"),
+    # the row counts as its nodes: the part after the first ':' is the node set
+    ("login:n[1-100001]:x", "--host: 'login:n[1-100001]:x' names up to 100001 targets "
+                            "(at most 100000)"),
+])
+def test_a_bad_slurm_row_is_an_input_error(value, message):
+    with pytest.raises(InputError) as caught:
+        loads(doc(SLURM_LAB)).select([value])
+    assert str(caught.value).startswith(message)
+
+
+def test_unknown_group_names_the_file_without_groups():
+    with pytest.raises(InputError) as caught:
+        loads("hosts:\n  a: {}\n", "my.yaml").select([], ["g"])
+    assert str(caught.value) == "unknown group 'g' (no groups are defined in my.yaml)"
+
+
+def test_expand_selector_splits_at_commas_only():
+    assert topology.expand_selector("nX1,b") == ["nX1", "b"]
+
+
+def test_expand_selector_counts_a_plain_name_once():
+    budget = topology.nodeset.Budget(2, "this test")
+    assert topology.expand_selector("a,b", budget) == ["a", "b"]
+    assert budget.left == 0
+
+
+def test_expand_selector_allows_exactly_max_nodes():
+    names = topology.expand_selector(f"n[1-{topology.MAX_NODES - 1}],a")
+    assert len(names) == topology.MAX_NODES
+
+
+def test_a_long_selector_is_cut_to_80_characters_in_errors():
+    exact, longer = "a" * 79 + ",", "a" * 80 + ","
+    with pytest.raises(ValueError, match=r"^empty name in '" + "a" * 79 + ",'$"):
+        topology.expand_selector(exact)
+    with pytest.raises(ValueError, match=r"^empty name in '" + "a" * 80 + r"\.\.\.'$"):
+        topology.expand_selector(longer)
+
+
+WORDS = ["".join(p) for p in __import__("itertools").product("abcdefgh", repeat=4)]
+
+
+def hint_for(known):
+    with pytest.raises(InputError) as caught:
+        Topology(path=None, targets=dict.fromkeys(known, LOCAL_TARGET)).select(["zzzz"])
+    message = str(caught.value)
+    assert message.startswith("unknown target 'zzzz' (known: ") and message.endswith(")")
+    return message[len("unknown target 'zzzz' (known: "):-1]
+
+
+def test_the_known_list_is_cut_past_200_characters_at_a_comma():
+    exactly_200 = WORDS[:39] + ["abcde"]
+    assert hint_for(exactly_200) == ",".join(exactly_200)
+    just_over = WORDS[:39] + ["abcdef"]          # 201 characters: the last name goes
+    assert hint_for(just_over) == ",".join(WORDS[:39]) + ",..."
+    # the 201st character is a comma: the name ending at 200 is whole, but still cut
+    comma_at_200 = ["aaaaa"] + WORDS[1:45]
+    assert hint_for(comma_at_200) == ",".join(comma_at_200[:39]) + ",..."
+
+
+def test_a_file_of_exactly_the_limit_loads(in_tmp):
+    text = "hosts:\n  a: {}\n# "
+    text += "x" * (topology.MAX_FILE_BYTES - len(text) - 1) + "\n"
+    (in_tmp / "h.yaml").write_text(text)
+    assert (in_tmp / "h.yaml").stat().st_size == topology.MAX_FILE_BYTES
+    assert list(load("h.yaml").targets) == ["local", "a"]
+
+
+def test_a_file_that_cannot_be_opened_is_refused_with_the_reason(in_tmp):
+    name = "h" * 300                                   # ENAMETOOLONG, even for root
+    with pytest.raises(InputError) as caught:
+        load(name)
+    assert str(caught.value) == f"{name}: cannot read the hosts file: File name too long"
+
+
+@pytest.mark.parametrize("data,line", [
+    (b"hosts:\n  a: {user: \xff}\n  b: {}\n  c: {}\n", 2),   # lines after it are not counted
+    (b"\n\n\xff: 1\n", 3),                                     # nor a newline as byte 0 twice
+])
+def test_the_line_of_a_non_utf8_byte(in_tmp, data, line):
+    (in_tmp / "bad.yaml").write_bytes(data)
+    with pytest.raises(InputError) as caught:
+        load("bad.yaml")
+    assert caught.value.line == line
+
+
+def test_become_false_turns_an_inherited_become_off():
+    topo = loads(doc("""
+        defaults: {become: true}
+        hosts:
+          a: {become: false}
+          b: {}
+        """))
+    assert topo.targets["a"].become is None and topo.targets["b"].become == "sudo"
+
+
+@pytest.mark.parametrize("written,shown", [(r'"a\nb"', r"'a\nb'"), (r'"a\0b"', r"'a\x00b'")])
+def test_an_identity_file_with_a_newline_or_nul_is_refused(written, shown):
+    error = error_of(f"hosts:\n  a: {{identity_file: {written}}}\n")
+    assert str(error) == f"hosts.yaml:2: hosts.a.identity_file: {shown} is not a file path"
+
+
+def test_a_bad_env_name_shows_the_allowed_form():
+    error = error_of("hosts:\n  a: {env: {1A: x}}\n")
+    assert str(error) == ("hosts.yaml:2: hosts.a.env.1A: '1A' is not an environment variable "
+                          "name ([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def test_slurm_time_as_minutes_and_its_errors():
+    assert loads("hosts:\n  l: {slurm: {time: 1}}\n").targets["l"].slurm.time == "1"
+    error = error_of("hosts:\n  l: {slurm: {time: 0}}\n")
+    assert str(error) == ('hosts.yaml:2: hosts.l.slurm.time: expected a Slurm time such as '
+                          '"00:10:00", got 0')
+
+
+def test_a_nodelist_that_is_not_a_string():
+    error = error_of("hosts:\n  l: {slurm: {nodelist: 5}}\n")
+    assert str(error) == "hosts.yaml:2: hosts.l.slurm.nodelist: expected a node set, got 5"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("{id: x}", "hosts.yaml:2: hosts.h.containers.c.runtime: required (one of "
+                + ", ".join(topology.RUNTIMES) + ")"),
+    ("{runtime: docker}", "hosts.yaml:2: hosts.h.containers.c.id: required"),
+])
+def test_a_missing_container_key(spec, message):
+    assert str(error_of(f"hosts:\n  h: {{containers: {{c: {spec}}}}}\n")) == message
+
+
+def test_expand_nodeset_counts_against_the_budget_given_or_none():
+    budget = topology.nodeset.Budget(10, "this test")
+    assert topology.expand_nodeset("n[1-4]", budget) == ["n1", "n2", "n3", "n4"]
+    assert budget.left == 6
+    assert topology.expand_nodeset("n[1-2]") == ["n1", "n2"]    # outside a file: no budget
+
+
+def test_slurm_nodelists_count_against_the_file_budget():
+    text = "hosts:\n" + "".join(f'  l{i}: {{slurm: {{nodelist: "n[1-99999]"}}}}\n' for i in range(6))
+    with pytest.raises(InputError, match=r"^hosts\.yaml:7: hosts\.l5\.slurm\.nodelist: more than "
+                                         r"500000 names in one hosts file"):
+        loads(text)
+
+
+def test_a_node_range_cannot_have_containers():
+    error = error_of("hosts:\n  'n[1-2]': {containers: {c: {runtime: docker, id: x}}}\n")
+    assert str(error) == ("hosts.yaml:2: hosts.n[1-2].containers: a node range (2 hosts) cannot "
+                          "have containers: container names are target names and must be unique")
+
+
+def test_exactly_max_nodes_hosts_load():
+    topo = loads(f'hosts:\n  "n[1-{topology.MAX_NODES - 1}]": {{}}\n  a: {{}}\n')
+    assert len(topo.targets) == topology.MAX_NODES + 1          # and the embedded local
+
+
+def test_a_local_host_before_ssh_hosts_leaves_them_resolved():
+    topo = loads("hosts:\n  me: {local: true}\n  a: {address: x}\n")
+    assert topo.targets["me"].host is None and topo.targets["a"].host.address == "x"
+
+
+def test_a_bad_runbooks_item_is_named_by_its_index():
+    error = error_of("hosts: {}\nrunbooks:\n  - books\n  - 5\n")
+    assert str(error) == "hosts.yaml:4: runbooks[1]: expected a directory, got 5"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("hosts: {}\ndefaults: 5\n", "hosts.yaml:2: defaults: expected a mapping, got 5"),
+    ("defaults: {}\nhosts: 5\n", "hosts.yaml:2: hosts: expected a mapping, got 5"),
+    ("hosts: {}\ngroups: 5\n", "hosts.yaml:2: groups: expected a mapping, got 5"),
+])
+def test_a_top_level_section_that_is_not_a_mapping_is_named_at_its_line(text, message):
+    assert str(error_of(text)) == message
+
+
+def test_a_nodelist_node_starting_with_a_dash_is_refused():
+    error = error_of('hosts:\n  l: {slurm: {nodelist: "-n[1-2]"}}\n')
+    assert str(error).startswith("hosts.yaml:2: hosts.l.slurm.nodelist: node '-n1' ")
+
+
+def test_a_group_keeps_its_names_before_a_group_reference():
+    topo = loads("hosts:\n  a: {}\n  b: {}\ngroups:\n  g: [b]\n  h: 'a,g'\n")   # one member
+    assert topo.groups["h"] == ("a", "b")
+
+
+@pytest.mark.parametrize("member,message", [
+    ("'n[1-2]'", "hosts.yaml:4: groups.g: unknown target or group 'n2' (from 'n[1-2]') "),
+    ("zz", "hosts.yaml:4: groups.g: unknown target or group 'zz' ("),
+])
+def test_an_unknown_group_member_names_the_text_it_came_from(member, message):
+    error = str(error_of(f"hosts:\n  n1: {{}}\ngroups:\n  g: {member}\n"))
+    assert error.startswith(message) and error.count("(from") == message.count("(from")
+
+
+def test_a_local_target_in_the_file_keeps_its_place():
+    assert list(loads("hosts:\n  a: {}\n  local: {local: true}\n").targets) == ["a", "local"]
