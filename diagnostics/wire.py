@@ -77,7 +77,10 @@ def _part(data: bytes) -> bytes:
 
 def build_payload(runtime: bytes, header: dict, files: Dict[str, bytes]) -> bytes:
     """The bytes written to the bootstrap's stdin. Files are plain concatenated bytes (no zip:
-    its import and parse cost every target CPU time); the header says where each one ends."""
+    its import and parse cost every target CPU time); the header says where each one ends,
+    under its ``files`` key (reserved: a header that has one already is a bug of the caller)."""
+    if "files" in header:
+        raise ValueError("the header's 'files' key is the payload's own (the files' sizes)")
     header = dict(header, files=[[name, len(data)] for name, data in files.items()])
     return b"".join((_part(STAGE_A.encode("utf-8")), _part(runtime),
                      _part(json.dumps(header).encode("utf-8")), _part(b"".join(files.values()))))

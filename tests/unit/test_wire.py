@@ -78,11 +78,17 @@ def test_protocol_is_an_error_layer():
 @given(header=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), max_size=4),
        files=st.dictionaries(st.text(min_size=1, max_size=12), st.binary(max_size=200), max_size=4))
 def test_payload_round_trips(header, files):
-    header = {**header, "nonce": NONCE}
+    header = {**{k: v for k, v in header.items() if k != "files"}, "nonce": NONCE}
     payload = wire.build_payload(b"RUNTIME\n\x00", header, files)
     stage_a, runtime, decoded, got = wire.parse_payload(payload)
     assert stage_a == wire.STAGE_A and runtime == b"RUNTIME\n\x00"
     assert decoded == header and got == files
+
+
+def test_the_files_key_of_the_header_is_the_payloads_own():
+    """Hypothesis found a header carrying `files` that came back without it: it is refused."""
+    with pytest.raises(ValueError, match="'files' key"):
+        wire.build_payload(b"R", {"nonce": NONCE, "files": ""}, {})
 
 
 def test_a_truncated_payload_is_refused():
