@@ -61,16 +61,12 @@ def _split(values: Sequence[str], flag: str = "--host") -> List[str]:
     targets instead would answer a question nobody asked."""
     out = []
     for value in values or ():
-        names = [v for v in _split_top_level_commas(value) if v]
+        names = [v.strip() for v in nodeset.split_top_level(value, ",") if v.strip()]
         if not names:
             raise InputError(f"{flag}: expected a target name, a comma list or a node set, "
                              f"got {value!r}")
         out.extend(names)
     return out
-
-
-def _split_top_level_commas(value: str) -> List[str]:
-    return [part.strip() for part in nodeset.split_top_level(value, ",")]
 
 
 def _read_local(flag: str, path: str) -> bytes:

@@ -7,13 +7,14 @@ same way; a test says only what differs (its directory, its timeout, its extra v
 Only the standard library here: the lab's self-tests use it too, without importing mldiag.
 """
 
+import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional, Tuple
 
 REPO = str(Path(__file__).resolve().parents[1])
 MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
@@ -69,6 +70,25 @@ def start_mldiag(*argv, cwd=REPO, env: Optional[Mapping[str, str]] = None,
     popen_kw.setdefault("preexec_fn", _as_a_terminal_would_start_it)
     return subprocess.Popen(MLDIAG + [str(a) for a in argv], cwd=str(cwd),
                             env=program_env(env, unset), text=True, **popen_kw)
+
+
+@contextlib.contextmanager
+def running_mldiag(*argv, **kw) -> Iterator[subprocess.Popen]:
+    """``start_mldiag`` for a ``with`` block: whatever the test does, the process is gone after
+    it (killed if the test failed before it ended)."""
+    proc = start_mldiag(*argv, **kw)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def signal_and_wait(proc: subprocess.Popen, sig: int, timeout: float) -> Tuple[str, str]:
+    """Send ``sig``; its stdout and stderr once it has ended (TimeoutExpired past ``timeout``)."""
+    proc.send_signal(sig)
+    return proc.communicate(timeout=timeout)
 
 
 def _as_a_terminal_would_start_it() -> None:

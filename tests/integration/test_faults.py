@@ -25,7 +25,7 @@ import pytest
 from diagnostics import bundle, runner, topology
 from diagnostics.hops.ssh import SshPool
 from tests.lab.util import pids_with_marker, wait_until
-from tests.programs import mldiag, start_mldiag
+from tests.programs import mldiag, signal_and_wait, start_mldiag
 
 VENV_PY = "/root/venv/bin/python"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -368,8 +368,7 @@ def test_ctrl_c_of_a_30_target_run(lab, tmp_path):
         wait_for(lambda: len(marked(lab.container_cmdlines(200), marker)) >= 8, 30,
                  "8 slow diagnostics to run in the CT")
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        out, err = signal_and_wait(proc, signal.SIGINT, 20)
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:

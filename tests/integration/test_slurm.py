@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from functools import partial
 
@@ -13,7 +12,6 @@ import pytest
 
 from diagnostics import bundle, runner, topology
 from tests import programs
-from tests.programs import MLDIAG
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS = """\
@@ -168,22 +166,15 @@ def test_term_and_hup_cancel_the_allocation(lab, hosts_file, tmp_path, sig, code
     script = tmp_path / "sleepy.py"
     script.write_text("import time\ntime.sleep(600)\n")
     save = tmp_path / "saved"
-    proc = subprocess.Popen(MLDIAG + ["run-script", str(script), "--hosts-file", str(hosts_file),
-                                      "-H", "cluster-a", "--save", str(save), "--timeout", "300"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with programs.running_mldiag("run-script", script, "--hosts-file", hosts_file, "-H", "cluster-a",
+                                "--save", save, "--timeout", "300") as proc:
         end = time.monotonic() + 60
         while len(steps_of_mlsh(lab)) < 4:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < end, "no allocation with 4 running steps within 60 s"
             time.sleep(0.5)
         assert len(jobs_of_mlsh(lab)) == 1
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = programs.signal_and_wait(proc, sig, 60)
     assert proc.returncode == code, (proc.returncode, err)
     assert err.startswith(f"mldiag: terminated ({signal.Signals(sig).name}) (0 of 1 targets "), err
     summary = json.loads((save / "summary.json").read_text())
@@ -200,20 +191,13 @@ def test_term_while_the_allocation_waits_in_the_queue_leaves_no_job(lab, hosts_f
     blocker = lab.ssh("main", "salloc --no-shell --exclusive -N4 -J blocker -t 5")
     jobid = slurm_granted(blocker.stderr + blocker.stdout)
     try:
-        proc = subprocess.Popen(MLDIAG + ["ping", "--hosts-file", str(hosts_file), "-H", "cluster-a"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with programs.running_mldiag("ping", "--hosts-file", hosts_file, "-H", "cluster-a") as proc:
             end = time.monotonic() + 60
             while not mldiag_jobs(lab):
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < end, "mldiag's salloc never queued"
                 time.sleep(0.5)
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _, err = programs.signal_and_wait(proc, signal.SIGTERM, 60)
         assert proc.returncode == 143, (proc.returncode, err)
         assert err.startswith("mldiag: terminated (SIGTERM)"), err
         end = time.monotonic() + 15

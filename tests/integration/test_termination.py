@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 
 from tests.lab.util import pids_with_marker as marked, wait_until
-from tests.programs import start_mldiag
+from tests.programs import running_mldiag, signal_and_wait, start_mldiag
 
 wait_for = partial(wait_until, interval=0.1)
 
@@ -28,17 +28,11 @@ def test_a_signal_ends_a_local_run_like_ctrl_c(tmp_path, sig, code):
                       "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n"
                       "print('done')\n")
     save = tmp_path / "saved"
-    proc = start_mldiag("run-script", script, "--arg", marker, "--hosts-file", hosts,
-                        "-H", "fast,slow", "--save", save)
-    try:
+    with running_mldiag("run-script", script, "--arg", marker, "--hosts-file", hosts,
+                        "-H", "fast,slow", "--save", save) as proc:
         wait_for(lambda: (save / "fast.json").exists() and marked(marker), 60,
                  "fast saved and slow running")
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = signal_and_wait(proc, sig, 60)
     assert proc.returncode == code, (proc.returncode, err)
     name = "interrupted" if sig == signal.SIGINT else f"terminated ({signal.Signals(sig).name})"
     assert err == f"mldiag: {name} (1 of 2 targets finished, saved in {save})\n"
@@ -74,8 +68,7 @@ def test_terminating_a_runbook_writes_its_report_and_exits_143(tmp_path):
         return True
     try:
         wait_for(scan_log_is_reading, 60, "the scan-log step to open the FIFO")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = signal_and_wait(proc, signal.SIGTERM, 60)
     finally:
         for fd in writer:
             os.close(fd)

@@ -510,8 +510,10 @@ def test_nvml_fallback_decision(monkeypatch):
     assert gs.load_nvml("off")[0] is None
 
 
-def test_nvidia_smi_missing_uses_nvml(smi_env, monkeypatch):
-    """Through run(): no nvidia-smi anywhere -> the ctypes binding on a C-level fake of NVML."""
+@pytest.fixture
+def nvml_only(smi_env, monkeypatch):
+    """No nvidia-smi on PATH nor in the extra tool dirs, no pynvml: run() finds NVML through the
+    ctypes binding, on the C-level fake returned here (tests may change its GPUs first)."""
     empty = smi_env / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -520,6 +522,12 @@ def test_nvidia_smi_missing_uses_nvml(smi_env, monkeypatch):
     lib = FakeNvmlLib()
     real_load = gs.load_nvml
     monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": real_load(mode, cdll_loader=lambda name: lib))
+    return lib
+
+
+def test_nvidia_smi_missing_uses_nvml(nvml_only):
+    """Through run(): no nvidia-smi anywhere -> the ctypes binding on a C-level fake of NVML."""
+    lib = nvml_only
     r = gs.run(gs.build_parser().parse_args(["--no-kernel-log", "--expect-gpus", "2"]))
     d = r["data"]
     assert d["source"] == "nvml" and d["nvml"] == {"binding": "ctypes:libnvidia-ml.so.1"}
@@ -558,19 +566,11 @@ def test_nvidia_smi_missing_uses_nvml(smi_env, monkeypatch):
     assert "remap-failure" not in by_code
 
 
-def test_nvml_row_remap_failure_and_aggregate_only(smi_env, monkeypatch):
+def test_nvml_row_remap_failure_and_aggregate_only(nvml_only):
     """Each out-parameter of the remapped-rows call lands in its own field: a failure without a
     pending remap fails, and no pending finding appears; an aggregate-only count is history."""
-    empty = smi_env / "empty"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.setattr(gs, "EXTRA_TOOL_DIRS", [])
-    monkeypatch.setitem(sys.modules, "pynvml", None)
-    lib = FakeNvmlLib()
-    lib.gpus[1]["rows"] = (0, 7, 0, 1)
-    lib.gpus[1]["ecc"] = (0, 2, 5, 6)
-    real_load = gs.load_nvml
-    monkeypatch.setattr(gs, "load_nvml", lambda mode="auto": real_load(mode, cdll_loader=lambda name: lib))
+    nvml_only.gpus[1]["rows"] = (0, 7, 0, 1)
+    nvml_only.gpus[1]["ecc"] = (0, 2, 5, 6)
     r = gs.run(gs.build_parser().parse_args(["--no-kernel-log"]))
     g1 = r["data"]["gpus"][1]
     assert g1["remapped_rows"] == {"correctable": 0, "uncorrectable": 7, "pending": False, "failure": True}
