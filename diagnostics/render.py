@@ -208,6 +208,17 @@ def _error_text(err: Any) -> List[str]:
     return message
 
 
+# The runtime's private directory on a target (``/tmp/mldiag-4c5bcce0e84c/``): in every frame of a
+# traceback, a different name on each target and run.
+_RUN_DIR = re.compile(r"/mldiag-[0-9a-f]{12}/")
+
+
+def _run_free(value: Any) -> str:
+    """``value`` as text with each run directory's name left out: two targets whose tracebacks
+    differ only there read the same."""
+    return _RUN_DIR.sub("/mldiag-RUN/", repr(value))
+
+
 def _error_lines(group: Group, color: bool) -> List[str]:
     """What the SUMMARY column does not already say: the error text when the summary is not it,
     the whole traceback, the tail of stderr (less the lines the message already quotes)."""
@@ -222,8 +233,8 @@ def _error_lines(group: Group, color: bool) -> List[str]:
     elif summary == "\\n".join(text):   # a many-line message, escaped onto the row
         text = []
     body: List[str] = list(text)
-    differs = any((r.error.type, r.error.traceback, r.error.stderr)
-                  != (err.type, err.traceback, err.stderr) for r in group.results[1:])
+    differs = any(_run_free((r.error.type, r.error.traceback, r.error.stderr))
+                  != _run_free((err.type, err.traceback, err.stderr)) for r in group.results[1:])
     if differs and (err.traceback or err.stderr):
         body.append(f"(details of {_cell(group.first.target)}; "
                     "the others differ, --json has each)")
@@ -283,12 +294,10 @@ def _output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
         for label, text in (("stdout", stdout), ("stderr", stderr)):
             if text and text.strip():
                 blocks.append((label, _tail(text)))
-        if traceback:
-            blocks.append(("traceback", _lines(traceback)))
     else:
         traceback = _text_field(data.get("error"), "traceback")
-        if traceback:
-            blocks.append(("traceback", _lines(traceback)))
+    if traceback:
+        blocks.append(("traceback", [_clip(line, STDERR_LINE_CHARS) for line in _lines(traceback)]))
     return blocks
 
 
@@ -299,7 +308,8 @@ def _output_lines(group: Group) -> List[str]:
     if not blocks:
         return []
     out = []
-    others = [r.target for r in group.results[1:] if _output_blocks(r) != blocks]
+    others = [r.target for r in group.results[1:]
+              if _run_free(_output_blocks(r)) != _run_free(blocks)]
     if others:
         verb = "differs" if len(others) == 1 else "differ"
         out.append(f"{DETAIL_INDENT}output of {_cell(group.first.target)} "

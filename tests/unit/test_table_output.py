@@ -146,6 +146,10 @@ box[1-4]  fail    exit 3
 """
     same = run(tmp_path, "run-script", "who.py", "-H", "box[1-2]")
     assert "output of" not in same.stdout and "hello from one" in same.stdout
+    # the same traceback on both (only the run directory's name differs) reads the same
+    (tmp_path / "boom.py").write_text("raise OSError('no space left on device')\n")
+    boom = run(tmp_path, "run-script", "boom.py", "-H", "box[1-2]")
+    assert "output of" not in boom.stdout and "  traceback:" in boom.stdout
 
 
 def test_an_error_row_says_its_message_once(tmp_path):
@@ -217,3 +221,60 @@ def test_the_runbook_report_on_a_terminal_names_the_file_it_wrote(tmp_path, save
     assert "## Raw results" in shown and '"schema"' not in shown   # no appendix on a terminal
     if save:
         assert (tmp_path / "out" / "run1" / "report.md").is_file()
+
+
+def test_a_crashed_diagnostic_shows_its_traceback_once_under_a_row_said_once(tmp_path):
+    # a module of the target's own environment that breaks on import (a shadowing argparse.py
+    # on PYTHONPATH, as a broken site-packages would): ping itself crashes, on two hosts alike
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "argparse.py").write_text(
+        "def _load():\n    raise ImportError('libcudart.so.12: cannot open shared object file')\n"
+        "_load()\n")
+    (tmp_path / "hosts.yaml").write_text(
+        "hosts:\n" + "".join(f"  box{i}: {{local: true, env: {{PYTHONPATH: {shadow}}}}}\n"
+                             for i in (1, 2)))
+    r = run(tmp_path, "ping", "-H", "box[1-2]")
+    assert r.returncode == 3, r.stdout + r.stderr
+    lines = stable(r.stdout).splitlines()
+    assert lines[1].startswith("box[1-2]  error   crashed: ")
+    assert lines[1].endswith("libcudart.so.12: cannot open shared object file")
+    # the next line is the traceback, not the row again; the same traceback on both hosts
+    # (only the run directory's name differs) is not "the others differ"
+    assert lines[2] == "  error Traceback (most recent call last):"
+    assert "details of" not in r.stdout
+    assert lines[-3:] == [
+        "        ImportError: libcudart.so.12: cannot open shared object file", "",
+        "2 error (crashed)"]
+    assert sum("libcudart" in line for line in lines) == 3   # row, raise line, last line
+    assert f'          File "{shadow}/argparse.py", line 3, in <module>' in lines
+
+
+# --------------------------------------------------------------------------- any JSON a target sends
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from diagnostics.render import UNSAFE, render_table  # noqa: E402
+from diagnostics.results import Result  # noqa: E402
+
+ANY = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+                   lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4),
+                                                                               inner, max_size=3),
+                   max_leaves=8)
+TEXTS = st.text(alphabet=st.sampled_from("ab\n\r\t\x1b\x07\u202e\x9b é"), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stdout=ANY | TEXTS, stderr=ANY | TEXTS, exc=ANY | st.fixed_dictionaries(
+    {}, optional={"traceback": ANY | TEXTS, "type": ANY}), error=ANY | st.fixed_dictionaries(
+    {}, optional={"traceback": ANY | TEXTS}))
+def test_output_blocks_take_any_json_and_stay_inert(stdout, stderr, exc, error):
+    import io
+    results = [Result("run-script", "a", "fail", "exit 1",
+                      data={"stdout": stdout, "stderr": stderr, "exception": exc}),
+               Result("run-script", "b", "fail", "exit 1", data={"stdout": stderr}),
+               Result("extract-smoke", "c", "fail", "x", data={"error": error})]
+    out = io.StringIO()
+    render_table(results, out)
+    text = out.getvalue()
+    assert [m.group(0) for m in UNSAFE.finditer(text) if m.group(0) != "\n"] == []
