@@ -79,6 +79,41 @@ local    fail    exit 1: RuntimeError: disk full on /scratch
     assert doc["data"]["exception"]["traceback"] in doc["data"]["stderr"]
 
 
+def test_run_script_output_on_a_real_terminal(tmp_path):
+    """The same table as a user sees it in a terminal (tmux): statuses painted, the script's
+    own text never (its lines are inert)."""
+    from tests.terminal import mldiag_screen
+    (tmp_path / "thirty.py").write_text(THIRTY.replace('print(f"line {i} of stdout")',
+                                                       'print(f"\\x1b[32mline {i}\\x1b[0m of stdout")'))
+    env = {k: v for k, v in ENV.items() if k != "NO_COLOR"}
+    with mldiag_screen("run-script", "thirty.py", cwd=str(tmp_path), env=env, width=100,
+                       height=50) as screen:
+        assert screen.wait_exit() == 2
+        shown, painted = screen.text(), screen.text(escapes=True)
+    assert stable(shown) == """\
+TARGETS  STATUS  SUMMARY
+local    fail    exit 1: RuntimeError: disk full on /scratch
+  stdout:
+        … 20 more lines: --json/--save
+""" + "".join(f"        \\x1b[32mline {i}\\x1b[0m of stdout\n" for i in range(21, 31)) + """\
+  stderr:
+        warning 1 on stderr
+        warning 2 on stderr
+        warning 3 on stderr
+  traceback:
+        Traceback (most recent call last):
+          File "mldiag/_runtime.py", line N, in run_child
+          File "mldiag/_runtime.py", line N, in _run_path
+          File "RUN/thirty.py", line 6, in <module>
+            raise RuntimeError("disk full on /scratch")
+        RuntimeError: disk full on /scratch
+
+1 fail
+"""
+    assert "fail" in painted.splitlines()[1] and "\x1b[" in painted.splitlines()[1]
+    assert all("\x1b[" not in line for line in painted.splitlines()[2:-2])
+
+
 def test_run_script_that_succeeds_shows_its_short_output_whole(tmp_path):
     (tmp_path / "hello.py").write_text("print('loaded 3 shards')\nprint('sum = 42')\n")
     r = run(tmp_path, "run-script", "hello.py")
