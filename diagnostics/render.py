@@ -208,26 +208,115 @@ def _error_text(err: Any) -> List[str]:
     return message
 
 
+# The runtime's private directory on a target (``/tmp/mldiag-4c5bcce0e84c/``): in every frame of a
+# traceback, a different name on each target and run.
+_RUN_DIR = re.compile(r"/mldiag-[0-9a-f]{12}/")
+
+
+def _run_free(value: Any) -> str:
+    """``value`` as text with each run directory's name left out: two targets whose tracebacks
+    differ only there read the same."""
+    return _RUN_DIR.sub("/mldiag-RUN/", repr(value))
+
+
 def _error_lines(group: Group, color: bool) -> List[str]:
+    """What the SUMMARY column does not already say: the error text when the summary is not it,
+    the whole traceback, the tail of stderr (less the lines the message already quotes)."""
     err = group.first.error
-    out = _detail("error", _error_text(err), color)
-    differs = any((r.error.type, r.error.traceback, r.error.stderr)
-                  != (err.type, err.traceback, err.stderr) for r in group.results[1:])
+    text = _error_text(err)
+    summary = _cell(group.summary)
+    message = _lines(err.message)
+    bare = f"{_cell(err.layer)}: {message[0]}" if message else None
+    if summary == text[0] or (summary == bare and _lines(err.traceback)):
+        # the usual ``layer: message`` is said once, in the row (a traceback names the type)
+        text = text[1:]
+    elif summary == "\\n".join(text):   # a many-line message, escaped onto the row
+        text = []
+    body: List[str] = list(text)
+    differs = any(_run_free((r.error.type, r.error.traceback, r.error.stderr))
+                  != _run_free((err.type, err.traceback, err.stderr)) for r in group.results[1:])
     if differs and (err.traceback or err.stderr):
-        out.append(f"{CONT_INDENT}(details of {_cell(group.first.target)}; "
-                   "the others differ, --json has each)")
+        body.append(f"(details of {_cell(group.first.target)}; "
+                    "the others differ, --json has each)")
     # NOTE: a crashed diagnostic shows its whole traceback: the last frame alone is
     # rarely the one to fix.
-    out.extend((CONT_INDENT + line).rstrip() for line in _lines(err.traceback))
+    body.extend(_lines(err.traceback))
     stderr = _lines(err.stderr)
+    # NOTE: a hop's classified message quotes the tool's own line ("pct 399: not found
+    # (Configuration file ... does not exist)"): a stderr that only says that again is left out.
+    said = _cell(group.summary) + "\n" + "\n".join(_lines(err.message))
+    if stderr and all(not line.strip() or line.strip() in said for line in stderr):
+        stderr = []
     if stderr:
         if len(stderr) > STDERR_TAIL_LINES:
-            out.append(f"{CONT_INDENT}stderr (last {STDERR_TAIL_LINES} of {len(stderr)} lines):")
+            body.append(f"stderr (last {STDERR_TAIL_LINES} of {len(stderr)} lines):")
             stderr = stderr[-STDERR_TAIL_LINES:]
         else:
-            out.append(f"{CONT_INDENT}stderr:")
-        out.extend((CONT_INDENT + "  " + _clip(line, STDERR_LINE_CHARS)).rstrip()
-                   for line in stderr)
+            body.append("stderr:")
+        body.extend("  " + _clip(line, STDERR_LINE_CHARS) for line in stderr)
+    return _detail("error", body, color) if body else []
+
+
+# --------------------------------------------------------------------------- output blocks
+
+OUTPUT_TAIL_LINES = 10    # run-script's stdout and stderr in the table: the last lines of each
+OUTPUT_LINE_CHARS = 200
+MORE_LINES = "\N{HORIZONTAL ELLIPSIS} {n} more lines: --json/--save"
+
+
+def _text_field(mapping: Any, key: str) -> Optional[str]:
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _tail(text: Optional[str], limit: int = OUTPUT_TAIL_LINES) -> List[str]:
+    """The last ``limit`` lines of ``text``, each clipped, after a line counting the rest."""
+    lines = _lines(text)
+    shown = lines[-limit:] if limit else []
+    out = [MORE_LINES.format(n=len(lines) - len(shown))] if len(shown) < len(lines) else []
+    return out + [_clip(line, OUTPUT_LINE_CHARS) for line in shown]
+
+
+def _output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
+    """``(label, lines)`` for what a result carries in ``data`` that a user reads in the table:
+    run-script's stdout and stderr tails and its traceback; a backend's failure traceback
+    (``data.error.traceback``, e.g. extract-smoke's ``backend-failed``). Whole tracebacks."""
+    data = result.data if isinstance(result.data, dict) else {}
+    blocks: List[Tuple[str, List[str]]] = []
+    if result.diagnostic == "run-script":
+        exc = data.get("exception")
+        traceback = _text_field(exc, "traceback")
+        stdout, stderr = _text_field(data, "stdout"), _text_field(data, "stderr")
+        # NOTE: the runtime writes an uncaught exception's traceback to the script's stderr
+        # too (as python would): shown once, whole, under its own label.
+        if traceback and stderr and stderr.endswith(traceback):
+            stderr = stderr[:-len(traceback)] or None
+        for label, text in (("stdout", stdout), ("stderr", stderr)):
+            if text and text.strip():
+                blocks.append((label, _tail(text)))
+    else:
+        traceback = _text_field(data.get("error"), "traceback")
+    if traceback:
+        blocks.append(("traceback", [_clip(line, STDERR_LINE_CHARS) for line in _lines(traceback)]))
+    return blocks
+
+
+def _output_lines(group: Group) -> List[str]:
+    """The output blocks of a group's first result (its others' when they are the same): the
+    label at the finding indent, the text under the message column."""
+    blocks = _output_blocks(group.first)
+    if not blocks:
+        return []
+    out = []
+    others = [r.target for r in group.results[1:]
+              if _run_free(_output_blocks(r)) != _run_free(blocks)]
+    if others:
+        verb = "differs" if len(others) == 1 else "differ"
+        out.append(f"{DETAIL_INDENT}output of {_cell(group.first.target)} "
+                   f"({_cell(fold_names(others))} {verb}; --json/--save has each):")
+    for label, lines in blocks:
+        out.append(f"{DETAIL_INDENT}{label}:")
+        out.extend((CONT_INDENT + line).rstrip() for line in lines)
     return out
 
 
@@ -267,6 +356,7 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
             lines.extend(_finding_lines(f, color))
         if group.first.error is not None:
             lines.extend(_error_lines(group, color))
+        lines.extend(_output_lines(group))
     emit(stream, "\n".join(lines) + "\n")
     if details:
         details(results, stream)

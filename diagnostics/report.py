@@ -12,7 +12,7 @@ raw result documents in a collapsible ``<details>`` appendix.
 
 import json
 import re
-from typing import Any, Dict, List, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from . import render
 from .drift import drift, format_drift
@@ -292,11 +292,15 @@ def _shown_params(run) -> Dict[str, str]:
     return {k: REDACTED if is_secret_name(k) else redact_text(str(v)) for k, v in run.params.items()}
 
 
-def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True) -> None:
+def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True,
+                    saved: Optional[str] = None) -> None:
     """The whole report; ``appendix=False`` leaves the raw result documents out (a terminal:
-    tens of KB of JSON would bury the report) and says where they are."""
+    tens of KB of JSON would bury the report) and says where they are: in ``saved`` (the
+    report.md that ``--save`` wrote) when there is one."""
+    where = (f"the whole report, with them, is in {_code(saved)}; " if saved else
+             "`--save DIR` writes them into DIR/report.md, ")
     tail = _appendix(run) if appendix else [
-        "## Raw results", "", "Left out on a terminal: `--save DIR` writes them into DIR/report.md, "
+        "## Raw results", "", f"Left out on a terminal: {where}"
         "`--format json` prints them, and a pipe or a redirect gets the whole report."]
     sections = [_header(run, version), _summary(run), _findings(run), _skipped(run),
                 _steps(run), tail]

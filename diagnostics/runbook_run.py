@@ -24,6 +24,7 @@ the task layer alone turns them into an exit (nothing here imports Invoke).
 """
 
 import json
+import os
 import re
 import sys
 import time
@@ -327,7 +328,8 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     if fmt == "json":
         report.render_json(record, out, version=__version__)
     else:
-        report.render_markdown(record, out, version=__version__, appendix=not _isatty(out))
+        report.render_markdown(record, out, version=__version__, appendix=not _isatty(out),
+                               saved=os.path.join(opts.save, "report.md") if save else None)
     out.flush()
     return Outcome(record, record.exit_code, (record.interrupted_as,) if record.interrupted else ())
 

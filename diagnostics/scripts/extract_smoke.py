@@ -127,10 +127,11 @@ class StepError(Exception):
 
 
 def _exc_text(e: BaseException) -> str:
-    """'Type: message', with repr() when str() is empty (the classic empty-message trap)."""
+    """'Type: message', or 'Type (empty message)' when str() is empty (the classic trap:
+    ``raise RuntimeError()``; data.error.repr keeps its repr)."""
     msg = str(e)
     if not msg.strip():
-        msg = repr(e)
+        return "%s (empty message)" % type(e).__name__
     return "%s: %s" % (type(e).__name__, msg)
 
 
@@ -704,14 +705,19 @@ def _failure_hint(backend, step, exc):
         return "%s is not importable in this environment" % backend
     if isinstance(exc, (MemoryError,)) or "out of memory" in str(exc).lower():
         return "not enough memory: fewer --max-tokens, --dtype bfloat16, or a GPU"
-    return "see data.error.traceback"
+    if step == "load-config":
+        return "--model must be a model directory whose config.json transformers can read"
+    # NOTE: no "see the traceback" hint: the table shows data.error.traceback under the row
+    return None
 
 
 def _summary(data, findings):
     backend = data.get("backend")
     if data.get("error"):
-        return "%s backend failed at %s: %s: %s" % (backend, data["error"]["step"], data["error"]["type"],
-                                                   (data["error"]["message"] or data["error"]["repr"])[:200])
+        err = data["error"]
+        what = ("%s: %s" % (err["type"], err["message"][:200]) if err["message"].strip()
+                else "%s (empty message)" % err["type"])
+        return "%s backend failed at %s: %s" % (backend, err["step"], what)
     if not data["layers"]:
         top = findings[0]["message"] if findings else "nothing captured"
         return "%s: %s" % (backend, top)

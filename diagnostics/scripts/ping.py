@@ -4,7 +4,6 @@ Run by hand: python3 ping.py  (prints the JSON result document's run() part)
 """
 
 import argparse
-import getpass
 import json
 import os
 import platform
@@ -17,6 +16,19 @@ def build_parser():
     return argparse.ArgumentParser(prog="ping.py", description=__doc__.splitlines()[0])
 
 
+def user_name():
+    """Who this process runs as, from its uid and this system's user database. Not
+    ``getpass.getuser()``: that believes $LOGNAME/$USER first, which a hop passes through
+    (``pct exec`` keeps the host's environment, ``su`` keeps $USER): uid 0 in a CT read as the
+    host's login user. A uid with no entry here (a container without that user) is ``uid N``."""
+    uid = os.getuid()
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % uid
+
+
 def run(args):
     # Under mldiag the runtime names its private temp dir; by hand there is none to check.
     here = os.environ.get("MLDIAG_TMPDIR")
@@ -26,7 +38,7 @@ def run(args):
         "executable": sys.executable,
         "prefix": sys.prefix,
         "venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
-        "user": getpass.getuser(),
+        "user": user_name(),
         "uid": os.getuid() if hasattr(os, "getuid") else None,
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
