@@ -358,7 +358,7 @@ def hostile_results(s):
            "utilization_gpu_pct": s, "temperature_c": [s], "power_draw_w": s, "power_limit_w": {"w": s},
            "clocks_event_reasons": {"names": [s, 7, None]}}
     return [
-        Result("gpu-status", "a" + s, "warn", s, findings=[Finding("warn", s, s, hint=s)],
+        Result("gpu-status", "a" + s, "warn", s, findings=[Finding("warn", s, s, hint=s, gpus=[0, s])],
                data={"gpus": [gpu, {"index": 1, "error": s}], "packages": {s: s}, "v": s}),
         Result("gpu-status", "b", "ok", "fine", data={"gpus": [], "packages": {s: "1"}, "v": "2"}),
         Result("gpu-status", "c" + s, "error", s,
