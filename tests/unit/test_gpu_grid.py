@@ -81,6 +81,22 @@ def test_colour_follows_the_tables_statuses_and_the_marks_read_without_it():
     assert SGR.sub("", painted) == grid(results)
 
 
+def test_sixteen_gpus_keep_their_columns_and_dead_nodes_alone_need_no_legend():
+    big = node("big", n=16, findings=[Finding("fail", "gpu-lost", "GPU 11 ...", gpus=[11])])
+    assert grid([big, node("small")]) == (
+        "\n"
+        "NODES  GPU 0  1  2  3  4  5  6  7  8  9  10 11 12 13 14 15\n"
+        "big        .  .  .  .  .  .  .  .  .  .  .  L  .  .  .  .\n"
+        "small      .  .  .  .  .  .  .  .  -  -  -  -  -  -  -  -\n"
+        "\n"
+        "Legend:\n"
+        "  L  fail   gpu-lost: the GPU is lost (fallen off the bus)\n"
+        "  .  ok     no finding above info\n"
+        "  -         no GPU at this index\n")
+    dead = [Result.failure("gpu-status", "a", "unreachable", "x"), Result.failure("gpu-status", "b", "auth", "x")]
+    assert grid(dead) == "\nNODES  GPU\na          not checked: unreachable\nb          not checked: auth\n"
+
+
 def test_an_unreadable_gpu_is_an_error_whatever_else_is_said_of_it():
     r = node("a", n=0, gpus=[{"index": 0}, {"index": 1, "error": "expected 37 columns, got 3"}],
              lost_gpus=[{"index": 2, "pci_bus_id": "0000:BA:00.0", "error": "GPU is lost"}],
