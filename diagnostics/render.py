@@ -338,9 +338,10 @@ def _columns(rows: Sequence[Sequence[str]], paint: Optional[Sequence[str]] = Non
 
 
 def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = False,
-                 details: Optional[Callable[[Sequence[Result], TextIO], None]] = None) -> None:
+                 details: Optional[Callable[..., None]] = None) -> None:
     """Header, one row per folded group with its findings/error under it, then ``details``
-    (a task's own view, e.g. per-GPU rows), blank, summary."""
+    (a task's own view, e.g. the GPU grid: ``details(results, stream, color=color)``), blank,
+    summary."""
     results = list(results)
     groups = fold(results)
     if not groups:
@@ -359,7 +360,7 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
         lines.extend(_output_lines(group))
     emit(stream, "\n".join(lines) + "\n")
     if details:
-        details(results, stream)
+        details(results, stream, color=color)
     emit(stream, "\n" + summary_line(results) + "\n")
 
 
@@ -423,7 +424,7 @@ def render_hosts(rows: Iterable[Tuple[str, str]], stream: TextIO) -> None:
 
 # ----------------------------------------------------------------------------- gpu-status
 
-GPU_ROWS_LIMIT = 64   # beyond this many GPUs the per-GPU table is left to --json
+GPU_ROWS_LIMIT = 64   # beyond this many GPUs (one target) the per-GPU table is left to --json
 
 
 def _is_number(value: Any) -> bool:
@@ -484,8 +485,18 @@ def gpu_rows(results: Sequence[Result]) -> List[Tuple[str, ...]]:
     return rows
 
 
-def render_gpus(results: Sequence[Result], stream: TextIO) -> None:
-    """gpu-status's per-GPU view, after the folded table (skipped past GPU_ROWS_LIMIT rows)."""
+def render_gpus(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
+    """gpu-status's own view after the folded table: for several targets the node × GPU grid
+    (``gpu_grid``: one mark per GPU, its worst finding, and a legend); for one target its GPUs
+    one row each, with the numbers a person reads on one node (skipped past GPU_ROWS_LIMIT rows).
+
+    NOTE: the rows stay for one target because there a grid is one row of marks the findings
+    above already say, while memory, load, temperature and power are what one asks of a node;
+    over a fleet those numbers are 8 rows a node, and which GPU is bad where is the question."""
+    if len(results) > 1:
+        from .gpu_grid import render_grid
+        render_grid(results, stream, color=color)
+        return
     rows = gpu_rows(results)
     if not rows:
         return
@@ -510,7 +521,7 @@ def data_of(result: Result) -> Dict[str, Any]:
     return {} if data is None else {"data": data}
 
 
-def render_diff(results: Sequence[Result], stream: TextIO) -> None:
+def render_diff(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
     """Only the data fields that differ from the majority (targets that answered)."""
     from .drift import drift, format_drift
     ran = [r for r in results if r.status != "error"]
@@ -522,7 +533,7 @@ def render_diff(results: Sequence[Result], stream: TextIO) -> None:
     emit(stream, f"\ndrift across {len(ran)} targets:\n" + "\n".join(lines) + "\n")
 
 
-def render_full(results: Sequence[Result], stream: TextIO) -> None:
+def render_full(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
     """Every data field of every target that answered, one ``key: value`` a line."""
     from .drift import flatten
     lines = []

@@ -38,11 +38,14 @@ class Finding:
     code: str
     message: str
     hint: Optional[str] = None
+    gpus: Optional[List[Any]] = None   # the GPUs (indices) it is about, as the target said
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"level": self.level, "code": self.code, "message": self.message}
         if self.hint:
             d["hint"] = self.hint
+        if self.gpus is not None:
+            d["gpus"] = self.gpus
         return d
 
 
@@ -94,7 +97,7 @@ class Result:
             status=d.get("status") if d.get("status") in _RANK else "error",
             summary=str(d.get("summary", "")),
             findings=[Finding(level=f.get("level", "warn"), code=f.get("code", ""),
-                              message=f.get("message", ""), hint=f.get("hint"))
+                              message=f.get("message", ""), hint=f.get("hint"), gpus=f.get("gpus"))
                       for f in d.get("findings") or []],
             data=d.get("data") or {},
             log=list(d.get("log") or []),

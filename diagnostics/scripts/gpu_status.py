@@ -22,6 +22,9 @@ driver_version, cuda_version, gpus (one dict per GPU; a row that could not be re
 lost_gpus, processes (None when they could not be listed), nvidia_smi or nvml (how they were
 asked), kernel_log ({"source", "xids"} or {"source": None, "error"}).
 
+A finding about particular GPUs names them in ``gpus`` (their indices); identical findings of
+several GPUs are one finding, "GPUs 0-3,5-7: ...", listing all of them.
+
 Finding levels:
 
 ==========================  =====  =========================================================
@@ -43,7 +46,7 @@ ecc-uncorrectable-history   warn   uncorrectable ECC errors in the lifetime coun
 remap-failure               fail   a row remapping failed (the GPU is out of spare rows)
 remap-pending               warn   a row remapping waits for a GPU reset
 retired-pages-pending       warn   page retirement waits for a reboot (pre-Ampere GPUs)
-clocks-hw-thermal           fail   HW thermal slowdown active (clocks halved or worse: cooling)
+clocks-hw-thermal           fail   HW thermal slowdown reported (cooling); said with the SM clock read beside it
 clocks-hw-power-brake       fail   HW power brake slowdown active (external power brake: PSU)
 clocks-hw-slowdown          warn   HW slowdown active without either of the two above
 clocks-sw-thermal           warn   SW thermal slowdown active (above max operating temperature)
@@ -186,6 +189,8 @@ QUERY_FIELDS = [
     ("remapped_rows_pending", ["remapped_rows.pending"]),
     ("remapped_rows_failure", ["remapped_rows.failure"]),
     ("clocks_event_reasons_active", ["clocks_event_reasons.active", "clocks_throttle_reasons.active"]),
+    ("hw_thermal_slowdown_us", ["clocks_event_reasons_counters.hw_thermal_slowdown"]),
+    ("hw_power_brake_slowdown_us", ["clocks_event_reasons_counters.hw_power_brake_slowdown"]),
     ("mig_mode_current", ["mig.mode.current"]),
     ("mig_mode_pending", ["mig.mode.pending"]),
 ]
@@ -235,19 +240,65 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- small helpers
 
 
-def finding(level, code, message, hint=None, short=None, gpu=None):
+def finding(level, code, message, hint=None, short=None, gpus=None):
+    """A finding; ``gpus``: the indices of the GPUs it is about (kept in the result, so a
+    reader of --json knows which GPUs a folded "GPUs 0-3,5-7: ..." means)."""
     f = {"level": level, "code": code, "message": message}
     if hint:
         f["hint"] = hint
+    if gpus:
+        f["gpus"] = sorted(set(gpus))
     # for the summary line only; removed before the result is returned
     if short:
         f["_short"] = short
-    if gpu is not None:
-        f["_gpu"] = gpu
     return f
 
 
-# How the summary names several GPUs with the same per-GPU finding.
+def gpu_finding(level, code, g, rest, hint=None, short_rest=None):
+    """A finding about one GPU: the message is its label then ``rest`` ("GPU 5" + ": 2
+    uncorrectable ECC errors ..."), the summary's line its label then ``short_rest``; ``hint``
+    a text, or a function of the GPU indices. fold_gpu_findings merges those that say the same
+    about several GPUs into one ("GPUs 0-3,5-7: ...")."""
+    index = g.get("index")
+    indices = [index] if isinstance(index, int) and not isinstance(index, bool) else []
+    label = gpu_label(g)
+    f = finding(level, code, label + rest, hint=hint(indices) if callable(hint) else hint,
+                short=label + short_rest if short_rest else None, gpus=indices)
+    if indices:
+        f["_fold"] = (level, code, rest, hint if callable(hint) else (hint or ""), short_rest)
+    return f
+
+
+def fold_gpu_findings(findings):
+    """One finding per (level, code, text apart from the GPU label) instead of one per GPU,
+    in the place of its first GPU: "GPUs 0-3,5-7: memory held by ..." with ``gpus`` listing them.
+
+    NOTE: folded here, where each message is built, and not by the renderer: only here is it
+    known that two messages differ in their label alone (a renderer would have to parse it out
+    of text a target sent), and --json keeps one finding with its GPUs instead of eight."""
+    out, first = [], {}
+    for f in findings:
+        key = f.pop("_fold", None)
+        if key is None:
+            out.append(f)
+        elif key in first:
+            first[key]["gpus"].extend(f["gpus"])
+        else:
+            first[key] = f
+            out.append(f)
+    for (level, code, rest, hint, short_rest), f in first.items():
+        if len(f["gpus"]) > 1:
+            label = fmt_indices(f["gpus"])
+            f["gpus"] = sorted(set(f["gpus"]))
+            f["message"] = label + rest
+            if callable(hint):
+                f["hint"] = hint(f["gpus"])
+            if short_rest:
+                f["_short"] = label + short_rest
+    return out
+
+
+# How the summary names several GPUs with the same per-GPU finding (whatever else it says).
 GROUP_SHORT = {
     "gpu-busy": "%s busy",
     "gpu-memory-unattributed": "%s: memory held by processes not visible here",
@@ -312,7 +363,8 @@ FIELD_KIND = {
     "retired_pages_sbe": "int", "retired_pages_dbe": "int", "retired_pages_pending": "bool",
     "remapped_rows_correctable": "int", "remapped_rows_uncorrectable": "int",
     "remapped_rows_pending": "bool", "remapped_rows_failure": "bool",
-    "clocks_event_reasons_active": "hex", "mig_mode_current": "bool", "mig_mode_pending": "bool",
+    "clocks_event_reasons_active": "hex", "hw_thermal_slowdown_us": "int",
+    "hw_power_brake_slowdown_us": "int", "mig_mode_current": "bool", "mig_mode_pending": "bool",
 }
 
 
@@ -565,6 +617,9 @@ def normalise_gpu(g):
         "active": None if mask is None else "0x%016X" % mask,
         "names": decode_clock_reasons(mask),
     }
+    # how long each HW slowdown was engaged, in all (nvidia-smi's clocks_event_reasons_counters)
+    out["clocks_event_counters_us"] = {"hw_thermal_slowdown": g.get("hw_thermal_slowdown_us"),
+                                       "hw_power_brake_slowdown": g.get("hw_power_brake_slowdown_us")}
     out["mig_mode"] = {"current": g.get("mig_mode_current"), "pending": g.get("mig_mode_pending")}
     for extra in ("driver_version", "error", "raw", "unreadable"):
         if g.get(extra) is not None:
@@ -730,7 +785,8 @@ def collect_nvidia_smi(smi, timeout, data, findings):
             "GPU %s%s is lost: %s" % (l["index"] if l["index"] is not None else "?",
                                       " (%s)" % l["pci_bus_id"] if l["pci_bus_id"] else "", l["error"]),
             hint=NVIDIA_SMI_HINT[15],
-            short="GPU %s lost" % (l["index"] if l["index"] is not None else "?")))
+            short="GPU %s lost" % (l["index"] if l["index"] is not None else "?"),
+            gpus=[l["index"]] if l["index"] is not None else None))
     data["gpus"] = gpus
     data["lost_gpus"] = lost
 
@@ -1209,6 +1265,28 @@ def _read_kmsg(deadline):
     return "\n".join(lines)
 
 
+def pci_key(bus_id):
+    """A PCI address as (domain, bus, device), whichever way it is written: nvidia-smi's
+    ``00000000:BA:00.0`` and the kernel log's ``0000:ba:00`` are the same GPU; None if unreadable."""
+    parts = str(bus_id or "").strip().split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
+    except ValueError:
+        return None
+
+
+def xid_gpus(pcis, data):
+    """The indices of the GPUs (answering or lost) at the PCI addresses an Xid names."""
+    by_pci = {}
+    for g in (data.get("gpus") or []) + (data.get("lost_gpus") or []):
+        key = pci_key(g.get("pci_bus_id"))
+        if key is not None and g.get("index") is not None:
+            by_pci[key] = g["index"]
+    return [by_pci[k] for k in (pci_key(p) for p in pcis) if k in by_pci]
+
+
 def scan_xids(text):
     """Kernel log text -> [{"xid", "name", "fatal", "count", "pci", "first", "last"}], by Xid number."""
     by_xid = {}
@@ -1254,81 +1332,47 @@ def analyse(data, args, findings):
                                     hint="update `gpus:` in hosts.yaml if the machine changed",
                                     short="%s visible, %d expected" % (count_gpus(visible), args.expect_gpus)))
     for g in bad_rows:
-        findings.append(finding("warn", "gpu-row-error", "%s could not be read: %s" % (gpu_label(g), g["error"]),
-                                short="%s unreadable" % gpu_label(g)))
+        findings.append(gpu_finding("warn", "gpu-row-error", g, " could not be read: %s" % g["error"],
+                                    short_rest=" unreadable"))
 
     for g in gpus:
-        label = gpu_label(g)
         ecc = g.get("ecc_errors") or {}
         if ecc.get("uncorrected_volatile"):
-            findings.append(finding(
-                "fail", "ecc-uncorrectable",
-                "%s: %d uncorrectable ECC errors since the driver loaded (%s in its lifetime)"
-                % (label, ecc["uncorrected_volatile"], _q(ecc.get("uncorrected_aggregate"))),
+            findings.append(gpu_finding(
+                "fail", "ecc-uncorrectable", g,
+                ": %d uncorrectable ECC errors since the driver loaded (%s in its lifetime)"
+                % (ecc["uncorrected_volatile"], _q(ecc.get("uncorrected_aggregate"))),
                 hint="drain the GPU; see the kernel log for Xid 48/94/95, then reset it (`nvidia-smi -r`) "
                      "so pending remaps apply; repeated errors mean RMA",
-                short="%s: uncorrectable ECC errors" % label, gpu=g.get("index")))
+                short_rest=": uncorrectable ECC errors"))
         elif ecc.get("uncorrected_aggregate"):
-            findings.append(finding(
-                "warn", "ecc-uncorrectable-history",
-                "%s: %d uncorrectable ECC errors in its lifetime, none since the driver loaded"
-                % (label, ecc["uncorrected_aggregate"]),
+            findings.append(gpu_finding(
+                "warn", "ecc-uncorrectable-history", g,
+                ": %d uncorrectable ECC errors in its lifetime, none since the driver loaded"
+                % ecc["uncorrected_aggregate"],
                 hint="watch the count; if it grows, drain the GPU and check row remapping",
-                short="%s: past uncorrectable ECC errors" % label))
+                short_rest=": past uncorrectable ECC errors"))
         rr = g.get("remapped_rows") or {}
         if rr.get("failure"):
-            findings.append(finding(
-                "fail", "remap-failure", "%s: a row remapping failed (no spare rows left)" % label,
+            findings.append(gpu_finding(
+                "fail", "remap-failure", g, ": a row remapping failed (no spare rows left)",
                 hint="the GPU's memory can no longer repair itself: drain it and request an RMA",
-                short="%s: row remap failure" % label))
+                short_rest=": row remap failure"))
         if rr.get("pending"):
-            findings.append(finding(
-                "warn", "remap-pending",
-                "%s: row remapping pending (%s correctable, %s uncorrectable rows remapped)"
-                % (label, _q(rr.get("correctable")), _q(rr.get("uncorrectable"))),
-                hint="reset the GPU (`nvidia-smi -r -i %s`, no processes on it) or reboot to apply the remap"
-                     % g.get("index"),
-                short="%s: row remap pending" % label))
+            findings.append(gpu_finding(
+                "warn", "remap-pending", g,
+                ": row remapping pending (%s correctable, %s uncorrectable rows remapped)"
+                % (_q(rr.get("correctable")), _q(rr.get("uncorrectable"))),
+                hint=reset_hint, short_rest=": row remap pending"))
         rp = g.get("retired_pages") or {}
         if rp.get("pending"):
-            findings.append(finding(
-                "warn", "retired-pages-pending",
-                "%s: memory pages waiting to be retired (%s single-bit, %s double-bit pages retired)"
-                % (label, _q(rp.get("sbe")), _q(rp.get("dbe"))),
+            findings.append(gpu_finding(
+                "warn", "retired-pages-pending", g,
+                ": memory pages waiting to be retired (%s single-bit, %s double-bit pages retired)"
+                % (_q(rp.get("sbe")), _q(rp.get("dbe"))),
                 hint="reboot (or reset the GPU) so the pages are retired",
-                short="%s: page retirement pending" % label))
-        names = (g.get("clocks_event_reasons") or {}).get("names") or []
-        clocks = ""
-        if g.get("clocks_sm_mhz") is not None and g.get("clocks_max_sm_mhz"):
-            clocks = ", SM clock %d of %d MHz" % (g["clocks_sm_mhz"], g["clocks_max_sm_mhz"])
-        temp = " at %d C" % g["temperature_c"] if g.get("temperature_c") is not None else ""
-        if "hw_thermal_slowdown" in names:
-            findings.append(finding(
-                "fail", "clocks-hw-thermal", "%s: HW thermal slowdown active%s%s" % (label, temp, clocks),
-                hint="the GPU is too hot and runs at half speed or less: check fans, airflow and inlet temperature",
-                short="%s: HW thermal slowdown" % label, gpu=g.get("index")))
-        if "hw_power_brake_slowdown" in names:
-            findings.append(finding(
-                "fail", "clocks-hw-power-brake", "%s: HW power brake slowdown active%s" % (label, clocks),
-                hint="the power supply asserted the external power brake: check PSUs and power cabling",
-                short="%s: HW power brake" % label))
-        if "hw_slowdown" in names and not ({"hw_thermal_slowdown", "hw_power_brake_slowdown"} & set(names)):
-            findings.append(finding(
-                "warn", "clocks-hw-slowdown", "%s: HW slowdown active%s%s" % (label, temp, clocks),
-                hint="clocks are cut by half or more (temperature or power); it can also show briefly "
-                     "during a clock change: check again, and check cooling and power",
-                short="%s: HW slowdown" % label))
-        if "sw_thermal_slowdown" in names:
-            findings.append(finding(
-                "warn", "clocks-sw-thermal", "%s: SW thermal slowdown active%s%s" % (label, temp, clocks),
-                hint="the GPU is above its maximum operating temperature: check cooling",
-                short="%s: SW thermal slowdown" % label))
-        if "sw_power_cap" in names:
-            draw, limit = g.get("power_draw_w"), g.get("power_limit_w")
-            power = " (%.0f W of %.0f W)" % (draw, limit) if draw is not None and limit else ""
-            findings.append(finding(
-                "info", "clocks-sw-power-cap", "%s: clocks held by the SW power cap%s" % (label, power),
-                hint="normal under full load; if the limit is below the default, see `nvidia-smi -q -d POWER`"))
+                short_rest=": page retirement pending"))
+        findings.extend(clock_findings(g))
 
     mig_pending = [g.get("index") for g in gpus if (g.get("mig_mode") or {}).get("pending") is not None
                    and (g.get("mig_mode") or {}).get("current") is not None
@@ -1337,14 +1381,14 @@ def analyse(data, args, findings):
         findings.append(finding(
             "warn", "mig-pending", "%s: MIG mode changes at the next GPU reset" % fmt_indices(mig_pending),
             hint="reset the GPU (`nvidia-smi -r`) or reboot to apply, or set the mode back",
-            short="%s: MIG change pending" % fmt_indices(mig_pending)))
+            short="%s: MIG change pending" % fmt_indices(mig_pending), gpus=mig_pending))
     pm_off = [g.get("index") for g in gpus if g.get("persistence_mode") is False]
     if pm_off:
         findings.append(finding(
             "warn", "persistence-off", "%s: persistence mode off" % fmt_indices(pm_off),
             hint="enable it with `nvidia-smi -pm 1` or, better, run nvidia-persistenced: without it the "
                  "driver tears down and re-initialises the GPU for every client (slow starts, lost state)",
-            short="persistence mode off"))
+            short="persistence mode off", gpus=pm_off))
 
     procs = data.get("processes")
     if procs is not None:
@@ -1357,21 +1401,100 @@ def analyse(data, args, findings):
                 top = mine[0]
                 who = "pid %s (%s)" % (top["pid"], top.get("command") or top.get("name") or "?")
                 if len(mine) == 1:
-                    msg = "%s busy: %s held by %s" % (gpu_label(g), fmt_mib(held), who)
-                    short = "%s busy (%s, pid %s)" % (gpu_label(g), fmt_mib(held), top["pid"])
+                    rest = " busy: %s held by %s" % (fmt_mib(held), who)
+                    short_rest = " busy (%s, pid %s)" % (fmt_mib(held), top["pid"])
                 else:
-                    msg = "%s busy: %s held by %d processes, most by %s %s" % (
-                        gpu_label(g), fmt_mib(held), len(mine), who, fmt_mib(top["used_memory_mib"]))
-                    short = "%s busy (%s, %d processes)" % (gpu_label(g), fmt_mib(held), len(mine))
-                findings.append(finding(busy_level, "gpu-busy", msg, short=short, gpu=g.get("index")))
+                    rest = " busy: %s held by %d processes, most by %s %s" % (
+                        fmt_mib(held), len(mine), who, fmt_mib(top["used_memory_mib"]))
+                    short_rest = " busy (%s, %d processes)" % (fmt_mib(held), len(mine))
+                findings.append(gpu_finding(busy_level, "gpu-busy", g, rest, short_rest=short_rest))
             elif used is not None and used >= UNATTRIBUTED_MIB and not g.get("display_active"):
-                findings.append(finding(
-                    busy_level, "gpu-memory-unattributed",
-                    "%s: %s in use and no process visible: memory held by processes not visible in "
-                    "this PID namespace" % (gpu_label(g), fmt_mib(used)),
+                findings.append(gpu_finding(
+                    busy_level, "gpu-memory-unattributed", g,
+                    ": %s in use and no process visible: memory held by processes not visible in "
+                    "this PID namespace" % fmt_mib(used),
                     hint="run gpu-status on the host (or a container sharing its PID namespace) to see them",
-                    short="%s: %s held by processes not visible here" % (gpu_label(g), fmt_mib(used)),
-                    gpu=g.get("index")))
+                    short_rest=": %s held by processes not visible here" % fmt_mib(used)))
+
+
+def reset_hint(indices):
+    """How to apply a pending row remap on these GPUs (``nvidia-smi -r`` takes one GPU per -i)."""
+    if not indices:
+        how = "`nvidia-smi -r -i INDEX`"
+    elif len(indices) == 1:
+        how = "`nvidia-smi -r -i %d`" % indices[0]
+    else:
+        how = "`nvidia-smi -r -i N` for N in %s" % ",".join(str(i) for i in indices)
+    return "reset the GPU (%s, no processes on it) or reboot to apply the remap" % how
+
+
+# The HW slowdown reasons (nvml.h): while one is engaged the hardware cuts the core clocks by a
+# factor of 2 or more. The reasons and the clock are separate readings, and a slowdown can come
+# and go between them: what the clock said is reported next to the reason, not assumed.
+HW_SLOWDOWNS = [
+    # (reason, level, code, what, the usual cause, what to check)
+    ("hw_thermal_slowdown", "fail", "clocks-hw-thermal", "HW thermal slowdown",
+     "the GPU is too hot", "check fans, airflow and inlet temperature"),
+    ("hw_power_brake_slowdown", "fail", "clocks-hw-power-brake", "HW power brake slowdown",
+     "the power supply asserted the external power brake", "check PSUs and power cabling"),
+    ("hw_slowdown", "warn", "clocks-hw-slowdown", "HW slowdown",
+     "the GPU is too hot or draws too much power (it can also show briefly during a clock change)",
+     "check cooling and power"),
+]
+
+
+def clock_findings(g):
+    """Findings for the clock-event reasons of one GPU, true to its clock reading: a HW slowdown
+    halves the clocks or more while it is engaged, but the reason and the clock are two readings;
+    "active ... SM clock 810 of 1980 MHz" only when the clock shows it."""
+    names = (g.get("clocks_event_reasons") or {}).get("names") or []
+    sm, top = g.get("clocks_sm_mhz"), g.get("clocks_max_sm_mhz")
+    temp = " at %d C" % g["temperature_c"] if g.get("temperature_c") is not None else ""
+    clocks = ", SM clock %d of %d MHz" % (sm, top) if sm is not None and top else ""
+    out = []
+    for reason, level, code, what, cause, check in HW_SLOWDOWNS:
+        if reason not in names:
+            continue
+        if reason == "hw_slowdown" and {"hw_thermal_slowdown", "hw_power_brake_slowdown"} & set(names):
+            continue   # the specific reason says it better
+        shown = temp if reason != "hw_power_brake_slowdown" else ""
+        engaged = (g.get("clocks_event_counters_us") or {}).get(reason)
+        total = "; engaged %s in all" % fmt_us(engaged) if engaged else ""
+        if not clocks:
+            rest = ": %s reported%s (no SM clock reading beside it)%s" % (what, shown, total)
+            hint = "%s; while engaged the hardware cuts the clocks by half or more: %s" % (cause, check)
+        elif sm * 2 <= top:
+            rest = ": %s active%s%s%s" % (what, shown, clocks, total)
+            hint = "%s; the hardware cut its clocks to half or less: %s" % (cause, check)
+        else:
+            rest = ": %s reported%s, yet the SM clock read %d of %d MHz%s" % (what, shown, sm, top, total)
+            hint = ("%s; while engaged the hardware cuts the clocks by half or more, and this reading "
+                    "caught them at %d%%, so it comes and goes: %s, and read again under load"
+                    % (cause, round(100.0 * sm / top), check))
+        out.append(gpu_finding(level, code, g, rest, hint=hint, short_rest=": " + what))
+    if "sw_thermal_slowdown" in names:
+        out.append(gpu_finding(
+            "warn", "clocks-sw-thermal", g, ": SW thermal slowdown active%s%s" % (temp, clocks),
+            hint="the GPU is above its maximum operating temperature: check cooling",
+            short_rest=": SW thermal slowdown"))
+    if "sw_power_cap" in names:
+        draw, limit = g.get("power_draw_w"), g.get("power_limit_w")
+        power = " (%.0f W of %.0f W)" % (draw, limit) if draw is not None and limit else ""
+        out.append(gpu_finding(
+            "info", "clocks-sw-power-cap", g, ": clocks held by the SW power cap%s" % power,
+            hint="normal under full load; if the limit is below the default, see `nvidia-smi -q -d POWER`"))
+    return out
+
+
+def fmt_us(us):
+    """Microseconds as a person reads them: 3120000 -> "3.1 s", 40000 -> "40 ms"."""
+    if us >= 3600 * 10 ** 6:
+        return "%.1f h" % (us / 3600e6)
+    if us >= 60 * 10 ** 6:
+        return "%.1f min" % (us / 60e6)
+    if us >= 10 ** 6:
+        return "%.1f s" % (us / 1e6)
+    return "%d ms" % (us // 1000)
 
 
 def _q(v):
@@ -1410,15 +1533,15 @@ def summarise(data, findings):
     parts = []
     grouped = {}
     for f in problems + notes:
-        if f["code"] in GROUP_SHORT and f.get("_gpu") is not None:
-            grouped.setdefault(f["code"], []).append(f)
+        if f["code"] in GROUP_SHORT and f.get("gpus"):
+            grouped.setdefault(f["code"], []).extend(f["gpus"])
     done = set()
     for f in problems + notes:
         code = f["code"]
-        if len(grouped.get(code, [])) > 1:
+        if len(set(grouped.get(code, []))) > 1:
             if code not in done:
                 done.add(code)
-                parts.append(GROUP_SHORT[code] % fmt_indices([g["_gpu"] for g in grouped[code]]))
+                parts.append(GROUP_SHORT[code] % fmt_indices(grouped[code]))
             continue
         s = f.get("_short") or f["message"]
         if s not in parts:
@@ -1496,16 +1619,16 @@ def run(args) -> dict:
                          "reboot, repeated ones a drained node" if x["fatal"] else
                          "usually an application fault (bad kernel, out-of-bounds access); repeated on "
                          "one GPU, suspect the GPU",
-                    short="%s in kernel log" % what))
+                    short="%s in kernel log" % what, gpus=xid_gpus(x["pci"], data)))
 
     analyse(data, args, findings)
+    findings = fold_gpu_findings(findings)
     findings.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))  # worst first, stable within a level
     worst = max([LEVEL_RANK.get(f["level"], 3) for f in findings] + [0])
     status = {0: "ok", 1: "warn", 2: "fail", 3: "error"}[worst]
     summary = summarise(data, findings)
     for f in findings:
         f.pop("_short", None)
-        f.pop("_gpu", None)
     return {"status": status, "summary": summary, "findings": findings, "data": data}
 
 

@@ -97,7 +97,7 @@ def test_gpu_status_in_the_ct(plain_hosts):
     assert busy["status"] == "ok", busy
     assert busy["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
     assert busy["findings"] == [{"level": "info", "code": "gpu-busy",
-                                 "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)"}]
+                                 "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3]}]
     assert busy["data"]["source"] == "nvidia-smi" and busy["data"]["gpu_count"] == 8
     assert busy["data"]["processes"] == [{"gpu": 3, "pid": 4242, "name": "python", "used_memory_mib": 72704,
                                           "gpu_uuid": "GPU-00000003-0000-0000-0000-000000000003"}]
@@ -107,7 +107,8 @@ def test_gpu_status_in_the_ct(plain_hosts):
     assert hot["data"]["gpus"][2]["clocks_event_reasons"] == {
         "active": "0x0000000000000048", "names": ["hw_slowdown", "hw_thermal_slowdown"]}
     assert [(f["level"], f["code"], f["message"]) for f in hot["findings"] if f["level"] != "info"] == [
-        ("fail", "clocks-hw-thermal", "GPU 2: HW thermal slowdown active at 93 C, SM clock 810 of 1980 MHz")]
+        ("fail", "clocks-hw-thermal", "GPU 2: HW thermal slowdown active at 93 C, SM clock 810 of 1980 MHz; "
+                                      "engaged 3.1 s in all")]
     assert hot["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: GPU 2: HW thermal slowdown; GPUs 0-7 busy"
 
 

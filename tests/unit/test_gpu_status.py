@@ -317,14 +317,98 @@ def test_hw_thermal_slowdown_under_load(smi_env, monkeypatch):
                                           "names": ["hw_slowdown", "hw_thermal_slowdown"]}
     hot = [f for f in r["findings"] if f["level"] != "info"]
     assert [(f["level"], f["code"]) for f in hot] == [("fail", "clocks-hw-thermal")]  # not also hw-slowdown
-    assert hot[0]["message"] == "GPU 2: HW thermal slowdown active at 93 C, SM clock 810 of 1980 MHz"
+    assert hot[0]["message"] == ("GPU 2: HW thermal slowdown active at 93 C, SM clock 810 of 1980 MHz; "
+                                 "engaged 3.1 s in all")
+    assert hot[0]["hint"] == ("the GPU is too hot; the hardware cut its clocks to half or less: check fans, "
+                              "airflow and inlet temperature")
+    assert hot[0]["gpus"] == [2]
+    assert r["data"]["gpus"][2]["clocks_event_counters_us"] == {"hw_thermal_slowdown": 3120000,
+                                                               "hw_power_brake_slowdown": 0}
     assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: GPU 2: HW thermal slowdown; GPUs 0-7 busy"
+
+
+def test_hw_thermal_slowdown_said_true_to_a_full_clock(smi_env, monkeypatch):
+    """Issue 11 item 15: the reason can be set while the SM clock reads full (the reasons and
+    the clocks are two readings): no "half speed or less" beside "1980 of 1980 MHz"."""
+    r = gpu_status(capture="derived__h200x8__hw-thermal-full-clocks.txt", phase="load", monkeypatch=monkeypatch)
+    (hot,) = [f for f in r["findings"] if f["level"] != "info"]
+    assert (hot["level"], hot["code"], hot["gpus"]) == ("fail", "clocks-hw-thermal", [4])
+    assert hot["message"] == ("GPU 4: HW thermal slowdown reported at 88 C, yet the SM clock read 1980 of "
+                              "1980 MHz; engaged 40 ms in all")
+    assert hot["hint"] == ("the GPU is too hot; while engaged the hardware cuts the clocks by half or more, "
+                           "and this reading caught them at 100%, so it comes and goes: check fans, airflow "
+                           "and inlet temperature, and read again under load")
+    assert "half speed" not in hot["hint"] and "half or less" not in hot["hint"]
+
+
+@pytest.mark.parametrize("g, message, hint_part", [
+    # no clock reading (NVML here asks for none; an old driver may not answer)
+    ({"index": 1, "clocks_event_reasons": {"names": ["hw_slowdown", "hw_thermal_slowdown"]}},
+     "GPU 1: HW thermal slowdown reported (no SM clock reading beside it)",
+     "while engaged the hardware cuts the clocks by half or more"),
+    # exactly half is "half or less"
+    ({"index": 0, "temperature_c": 90, "clocks_sm_mhz": 990, "clocks_max_sm_mhz": 1980,
+      "clocks_event_reasons": {"names": ["hw_thermal_slowdown"]}},
+     "GPU 0: HW thermal slowdown active at 90 C, SM clock 990 of 1980 MHz",
+     "the hardware cut its clocks to half or less"),
+    ({"index": 0, "temperature_c": 90, "clocks_sm_mhz": 991, "clocks_max_sm_mhz": 1980,
+      "clocks_event_reasons": {"names": ["hw_slowdown"]}},
+     "GPU 0: HW slowdown reported at 90 C, yet the SM clock read 991 of 1980 MHz",
+     "caught them at 50%, so it comes and goes"),
+    ({"index": 3, "temperature_c": 40, "clocks_sm_mhz": 1980, "clocks_max_sm_mhz": 1980,
+      "clocks_event_counters_us": {"hw_power_brake_slowdown": 90 * 60 * 10 ** 6},
+      "clocks_event_reasons": {"names": ["hw_slowdown", "hw_power_brake_slowdown"]}},
+     "GPU 3: HW power brake slowdown reported, yet the SM clock read 1980 of 1980 MHz; engaged 1.5 h in all",
+     "the power supply asserted the external power brake; while engaged"),
+])
+def test_hw_slowdown_messages_say_what_the_clock_read(g, message, hint_part):
+    (f,) = gs.clock_findings(g)
+    assert f["message"] == message and hint_part in f["hint"]
+
+
+def test_identical_per_gpu_findings_fold_into_one_naming_its_gpus(smi_env, monkeypatch):
+    """Issue 11 item 3: eight GPUs with the same finding are one "GPUs 0-7: ..." finding, and
+    --json still says which GPUs (``gpus``)."""
+    r = gpu_status(capture="derived__h200x8__pid-namespace.txt", monkeypatch=monkeypatch)
+    assert r["findings"] == [{
+        "level": "info", "code": "gpu-memory-unattributed", "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
+        "message": "GPUs 0-7: 60 GiB in use and no process visible: memory held by processes not "
+                   "visible in this PID namespace",
+        "hint": "run gpu-status on the host (or a container sharing its PID namespace) to see them"}]
+
+
+def test_folding_keeps_gpus_apart_where_their_findings_differ():
+    gpus = [{"index": i, "memory_used_mib": 61440 if i != 4 else 2048, "display_active": False}
+            for i in range(8)]
+    data = {"gpus": gpus, "processes": []}
+    findings = []
+    gs.analyse(data, gs.build_parser().parse_args([]), findings)
+    folded = gs.fold_gpu_findings(findings)
+    assert [(f["message"].split(":")[0], f["gpus"]) for f in folded] == [
+        ("GPUs 0-3,5-7", [0, 1, 2, 3, 5, 6, 7]), ("GPU 4", [4])]
+    assert all("_fold" not in f for f in folded)
+    summary = gs.summarise(data, [dict(f, _short="x") for f in folded])
+    assert summary == "8\u00d7 unknown GPU: healthy; GPUs 0-7: memory held by processes not visible here"
+
+
+def test_folded_remap_hint_names_each_gpu():
+    gpus = [{"index": i, "remapped_rows": {"pending": i in (1, 3), "correctable": 1, "uncorrectable": 0}}
+            for i in range(4)]
+    findings = []
+    gs.analyse({"gpus": gpus, "processes": None}, gs.build_parser().parse_args([]), findings)
+    (f,) = gs.fold_gpu_findings(findings)
+    assert f["message"] == "GPUs 1,3: row remapping pending (1 correctable, 0 uncorrectable rows remapped)"
+    assert f["hint"] == ("reset the GPU (`nvidia-smi -r -i N` for N in 1,3, no processes on it) or reboot "
+                         "to apply the remap")
+    one = []
+    gs.analyse({"gpus": gpus[:2], "processes": None}, gs.build_parser().parse_args([]), one)
+    assert "`nvidia-smi -r -i 1`" in gs.fold_gpu_findings(one)[0]["hint"]
 
 
 def test_busy_gpu(smi_env, monkeypatch):
     r = gpu_status("--expect-gpus", "8", capture="derived__h200x8__busy-pid-4242.txt", monkeypatch=monkeypatch)
     assert r["findings"] == [{"level": "info", "code": "gpu-busy",
-                              "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)"}]
+                              "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3]}]
     assert r["status"] == "ok"
     assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
     assert r["data"]["processes"] == [{"gpu": 3, "pid": 4242, "name": "python", "used_memory_mib": 72704,
@@ -335,8 +419,8 @@ def test_busy_gpu(smi_env, monkeypatch):
 
 def test_memory_held_in_another_pid_namespace(smi_env, monkeypatch):
     r = gpu_status(capture="derived__h200x8__pid-namespace.txt", monkeypatch=monkeypatch)
-    assert codes(r) == [("info", "gpu-memory-unattributed")] * 8
-    assert r["findings"][0]["message"] == ("GPU 0: 60 GiB in use and no process visible: memory held by "
+    assert codes(r) == [("info", "gpu-memory-unattributed")]
+    assert r["findings"][0]["message"] == ("GPUs 0-7: 60 GiB in use and no process visible: memory held by "
                                            "processes not visible in this PID namespace")
     assert r["summary"].endswith("healthy; GPUs 0-7: memory held by processes not visible here")
 
@@ -363,6 +447,7 @@ def test_lost_gpu(smi_env, monkeypatch):
     assert [g["index"] for g in r["data"]["gpus"]] == [0, 1, 2, 3, 4, 5, 7]
     assert r["data"]["lost_gpus"][0]["index"] == 6
     assert r["data"]["lost_gpus"][0]["pci_bus_id"] == "0000:BA:00.0"
+    assert [f["gpus"] for f in r["findings"] if f["code"] == "gpu-lost"] == [[6]]
     # under load the other seven keep their processes, though nvidia-smi exits 15
     busy = gpu_status(capture="derived__h200x8__gpu-lost.txt", phase="load", monkeypatch=monkeypatch)
     assert sorted(set(p["gpu"] for p in busy["data"]["processes"])) == [0, 1, 2, 3, 4, 5, 7]
@@ -777,6 +862,23 @@ def test_xids_from_a_kernel_log(smi_env, monkeypatch, tmp_path):
     xids = r["data"]["kernel_log"]["xids"]
     assert [(x["xid"], x["count"], x["fatal"]) for x in xids] == [(13, 1, False), (79, 2, True)]
     assert r["status"] == "fail"
+
+
+def test_xids_name_the_gpus_at_their_pci_addresses(smi_env, monkeypatch, tmp_path):
+    """The kernel log's ``0000:ba:00`` is nvidia-smi's ``00000000:BA:00.0``: a lost GPU's too."""
+    log = tmp_path / "dmesg.txt"
+    log.write_text(
+        "[ 300.3] NVRM: Xid (PCI:0000:ba:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        "[ 310.0] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics Exception\n"
+        "[ 311.0] NVRM: Xid (PCI:0000:ab:00): 13, pid=4242, name=python, Graphics Exception\n"
+        "[ 312.0] NVRM: Xid (PCI:0000:77:00): 13, pid=4242, name=python, Graphics Exception\n")
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", "derived__h200x8__gpu-lost.txt")
+    r = gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE), "--kernel-log-file", str(log)]))
+    by_code = {f["code"]: f for f in r["findings"]}
+    assert by_code["xid-fatal"]["gpus"] == [6] and by_code["gpu-lost"]["gpus"] == [6]
+    assert by_code["xid"]["gpus"] == [0, 5]          # 0000:77:00 is no GPU of this machine
+    assert gs.pci_key("00000000:BA:00.0") == gs.pci_key("0000:ba:00") == (0, 0xBA, 0)
+    assert gs.pci_key("junk") is None and gs.pci_key("x:y:z") is None
 
 
 @pytest.mark.parametrize("xid", sorted(gs.FATAL_XIDS))

@@ -305,9 +305,9 @@ def test_gpu_rows_table_literal():
            "clocks_event_reasons": {"names": ["gpu_idle", "sw_power_cap"]}}
     idle = dict(gpu, index=0, memory_used_mib=0, utilization_gpu_pct=0, temperature_c=None,
                 clocks_event_reasons={"names": ["gpu_idle"]})
-    results = [Result("gpu-status", "b200", "ok", "s", data={"gpus": [idle, gpu]}),
-               Result("gpu-status", "gone", "error", "s"),
-               Result("gpu-status", "odd", "warn", "s", data={"gpus": [{"index": 1, "error": "bad row"}]})]
+    # one target: its GPUs one row each (several targets get the grid: tests/unit/test_gpu_grid.py)
+    results = [Result("gpu-status", "b200", "ok", "s",
+                      data={"gpus": [idle, gpu, {"index": 1, "error": "bad row"}]})]
     out = io.StringIO()
     render_gpus(results, out)
     assert out.getvalue() == (
@@ -315,7 +315,7 @@ def test_gpu_rows_table_literal():
         "TARGET  GPU  NAME            MEMORY        UTIL  TEMP  POWER     CLOCK EVENTS\n"
         "b200    0    NVIDIA H200     0.0/140 GiB   0%    -     78/700 W  -\n"
         "b200    3    NVIDIA H200     71.0/140 GiB  97%   28 C  78/700 W  sw_power_cap\n"
-        "odd     1    error: bad row\n")
+        "b200    1    error: bad row\n")
 
 
 # --------------------------------------------------------------------------- hostile targets
@@ -355,7 +355,7 @@ def hostile_results(s):
            "utilization_gpu_pct": s, "temperature_c": [s], "power_draw_w": s, "power_limit_w": {"w": s},
            "clocks_event_reasons": {"names": [s, 7, None]}}
     return [
-        Result("gpu-status", "a" + s, "warn", s, findings=[Finding("warn", s, s, hint=s)],
+        Result("gpu-status", "a" + s, "warn", s, findings=[Finding("warn", s, s, hint=s, gpus=[0, s])],
                data={"gpus": [gpu, {"index": 1, "error": s}], "packages": {s: s}, "v": s}),
         Result("gpu-status", "b", "ok", "fine", data={"gpus": [], "packages": {s: "1"}, "v": "2"}),
         Result("gpu-status", "c" + s, "error", s,
@@ -364,14 +364,15 @@ def hostile_results(s):
 
 
 def every_view(results):
-    """What each view writes, by name: the table (with the per-GPU rows after it), drift, the
-    full view, hosts, and the runbook report on a terminal."""
+    """What each view writes, by name: the table (with the GPU grid after it), the per-GPU rows
+    of one target, drift, the full view, hosts, and the runbook report on a terminal."""
     from diagnostics import report
     from diagnostics.runbook_run import RunbookRun, StepRun
     from tests.unit.test_runbook_report import BOOK
     views = {}
     for name, write in {
         "table+gpus": lambda out: render_table(results, out, details=render.render_gpus),
+        "gpus of one": lambda out: render.render_gpus(results[:1], out),
         "diff": lambda out: render.render_diff(results, out),
         "full": lambda out: render.render_full(results, out),
         "hosts": lambda out: render_hosts([(r.target, r.summary) for r in results], out),
