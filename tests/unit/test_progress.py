@@ -386,3 +386,21 @@ def test_many_targets_report_progress_from_their_own_threads(tmp_path):
     for t in targets:
         assert seen[t.name][0] is None                        # started
         assert seen[t.name][1]["text"].startswith("hello from")
+
+
+@pytest.mark.parametrize("spawned", [False, True])
+def test_progress_on_a_real_python_3_8(tmp_path, spawned):
+    """The runtime's progress path is 3.8 code: forked, and exec'd with the pipe inherited."""
+    from tests.pythons import require_python
+    py38 = require_python("3.8")
+    env = (("PYTHONDONTWRITEBYTECODE", "1"),) if spawned else ()
+    release = tmp_path / "release"
+    r, records = run_collecting(WAIT_FOR_RELEASE + f"""
+    import logging, sys
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("old").info("on %s", sys.version.split()[0])
+    wait_for({str(release)!r})
+    """, target=Target(name="local", local=True, python=py38, env=env),
+        on_record=release_on("on 3.8.", release))
+    assert r.status == "ok", r.to_dict()
+    assert records[0]["text"].startswith("on 3.8.") and records[0]["source"] == "old"
