@@ -37,27 +37,64 @@ def run_one(target: Target, job: bundle.Job, pool: SshPool, *,
             step: Optional[SrunStep] = None, on_progress: Optional[OnProgress] = None) -> Result:
     """The target's result, secrets masked (DESIGN.md §3: nothing secret in any output).
     ``step``: run as that step of a Slurm allocation (a node row). ``on_progress``: the
-    runtime is asked for progress lines and each one let in is passed on as it arrives (its
-    text is the target's, unredacted and unescaped: for a live display only, never saved)."""
+    runtime is asked for progress lines and each one let in is passed on as it arrives, secrets
+    masked (its text is still the target's: shown only through ``render.safe_text``)."""
     result = _run_one(target, job, pool, step, on_progress)
     clean = Result.from_dict(redact.redact_document(result.to_dict(), target.env_dict))
     clean.duration_s = result.duration_s
     return clean
 
 
-def _progress_reader(name: str, nonce: str, on_progress: OnProgress) -> wire.ProgressReader:
-    """A reader passing this target's records on; a display that fails stops receiving them,
-    the run goes on (a live line is a courtesy, the result is what counts)."""
-    broken = []
+class _ProgressRelay:
+    """Passes one target's progress records on, with its secrets masked as its result's are
+    (DESIGN.md §3: nothing secret in any output). Output is passed on in whole lines (a secret
+    cut in two by a chunk boundary would escape the masks), the last piece of a line at the end.
+    A display that fails stops receiving records; the run goes on (a live line is a courtesy,
+    the result is what counts)."""
 
-    def passed_on(record: Optional[Dict[str, Any]]) -> None:
-        if not broken:
+    LINE_LIMIT = 64 * 1024     # a longer line is passed on in pieces
+
+    def __init__(self, name: str, nonce: str, env: Dict[str, str], on_progress: OnProgress):
+        self.name, self.on_progress = name, on_progress
+        self.secrets = redact.known_secrets(env)
+        self.partial = {stream: "" for stream in wire.PROGRESS_STREAMS}
+        self.broken = False
+        self.reader = wire.ProgressReader(nonce, self.record)
+
+    def _pass(self, record: Optional[Dict[str, Any]]) -> None:
+        if not self.broken:
             try:
-                on_progress(name, record)
+                self.on_progress(self.name, record)
             except Exception:
-                broken.append(True)
+                self.broken = True
 
-    return wire.ProgressReader(nonce, passed_on)
+    def start(self) -> None:
+        self._pass(None)
+
+    def record(self, record: Dict[str, Any]) -> None:
+        record = dict(record)
+        for key in ("text", "source"):
+            if key in record:
+                record[key] = redact.redact_text(record[key], self.secrets)
+        output = []
+        for stream, text in record.pop("output", ()):
+            lines = (self.partial[stream] + text).split("\n")
+            self.partial[stream] = lines.pop()
+            whole = "".join(line + "\n" for line in lines)
+            if len(self.partial[stream]) > self.LINE_LIMIT:
+                whole, self.partial[stream] = whole + self.partial[stream], ""
+            if whole:
+                output.append((stream, redact.redact_text(whole, self.secrets)))
+        if output:
+            record["output"] = output
+        self._pass(record)
+
+    def finish(self) -> None:
+        """What is left of lines that never ended (the script's last line without a newline)."""
+        output = [(stream, redact.redact_text(text, self.secrets))
+                  for stream, text in self.partial.items() if text]
+        if output:
+            self._pass({"seq": self.reader.last_seq + 1, "t": 0.0, "output": output})
 
 
 def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[SrunStep],
@@ -75,15 +112,17 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
         header = bundle.build_header(job, target=target.name, timeout=timeout,
                                      env=target.env_dict, activate=target.activate,
                                      python=target.python, nonce=nonce, tmpdir=target.tmpdir)
-        watch = {}   # no progress asked for: the transport is called exactly as before
+        watch, relay = {}, None   # no progress asked for: the transport is called as before
         if on_progress is not None:
             header = dict(header, progress=True)
-            reader = _progress_reader(target.name, nonce, on_progress)
-            watch = {"on_stdout": reader.feed}
-            reader.on_record(None)   # the target starts
+            relay = _ProgressRelay(target.name, nonce, target.env_dict, on_progress)
+            watch = {"on_stdout": relay.reader.feed}
+            relay.start()
         payload = bundle.build_payload(header, bundle.job_files(job))
         deadline = time.monotonic() + timeout + CLIENT_GRACE_S
         output = chain.transport.run(chain.argv(), payload, deadline, **watch)
+        if relay is not None:
+            relay.finish()
     except TransportError as exc:
         return failed(exc.layer, exc.message, stderr=exc.stderr)
     except InputError:

@@ -404,3 +404,22 @@ def test_progress_on_a_real_python_3_8(tmp_path, spawned):
         on_record=release_on("on 3.8.", release))
     assert r.status == "ok", r.to_dict()
     assert records[0]["text"].startswith("on 3.8.") and records[0]["source"] == "old"
+
+
+def test_secrets_are_masked_in_progress_even_across_a_chunk_boundary():
+    secret = "correct-horse-battery-staple-42"
+    target = local(env=(("DB_PASSWORD", secret),))
+    r, records = run_collecting("""
+    import logging, os, sys
+    secret = os.environ["DB_PASSWORD"]
+    # one line longer than a progress line's output piece, the secret across the cut
+    sys.stdout.write("x" * (8192 - 10) + " " + secret + " end\\n")
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("db").info("connecting with %s", secret)
+    print("token hf_" + "a" * 34, flush=True)
+    """, target=target)
+    assert r.status == "ok", r.to_dict()
+    shown = json.dumps(records)
+    assert secret not in shown and "hf_aaaa" not in shown
+    assert secret[:12] not in shown and secret[-12:] not in shown   # neither half of the cut one
+    assert "end\\n" in shown and "connecting with" in shown
