@@ -23,6 +23,7 @@ from .results import Result
 
 TICK_S = 0.1          # the ticker's step: a changed area is redrawn within it
 REDRAW_S = 1.0        # an unchanged area is redrawn this often (elapsed times move)
+FIRST_DRAW_S = 0.3    # a run over sooner never flickers an area onto the screen
 HIDE_CURSOR, SHOW_CURSOR = "\033[?25l", "\033[?25h"
 UP, CLEAR_DOWN = "\033[A", "\033[J"
 PARTIAL_LIMIT = 64 * 1024   # of a passed-through line still without its newline
@@ -92,6 +93,7 @@ class LiveArea:
         self.dirty = False
         self.last_draw = 0.0
         self.closed = False
+        self.opened = time.monotonic()
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.ticker: Optional[threading.Thread] = None
@@ -159,6 +161,8 @@ class LiveArea:
                 if self.closed:
                     return
                 now = time.monotonic()
+                if now - self.opened < FIRST_DRAW_S:
+                    continue
                 if self.dirty or (self.running and now - self.last_draw >= REDRAW_S):
                     self._write(self._erase() + self._area(now))
 
