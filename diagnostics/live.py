@@ -86,6 +86,8 @@ class LiveArea:
         self.stream, self.passthrough, self.live = stream, passthrough, live
         self.total = len(names)
         self.order = {name: i for i, name in enumerate(names)}   # others (Slurm node rows) last
+        # the name column: as wide as the longest name, so it stays put as targets finish
+        self.pad = max((len(safe_text(name)) for name in names), default=0)
         self.count = self.bad = 0
         self.running: Dict[str, List[Any]] = {}   # name -> [started (monotonic), text]
         self.partial = {"stdout": "", "stderr": ""}
@@ -178,7 +180,7 @@ class LiveArea:
         a full-width line would otherwise leave an empty line)."""
         columns, lines = self._size()
         width = columns - 1               # never the last column: no terminal wraps then
-        pad = max((len(safe_text(name)) for name in self.running), default=0)
+        pad = max([self.pad] + [len(safe_text(name)) for name in self.running])
         names = sorted(self.running, key=lambda n: (self.order.get(n, len(self.order)), n))
         rows = []
         for name in names:

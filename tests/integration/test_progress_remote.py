@@ -42,7 +42,16 @@ def release_dir():
 
 @pytest.fixture(scope="module")
 def hosts_file(lab):
-    return lab.hosts_yaml("defaults: {connect_timeout: 3, timeout: 60}\nhosts:\n  main: {}\n")
+    return lab.hosts_yaml(textwrap.dedent("""\
+        defaults: {connect_timeout: 3, timeout: 60}
+        hosts:
+          main: {}
+          pve:
+            address: main
+            become: sudo
+            containers:
+              trainbox: {runtime: pct, id: "200", python: /root/venv/bin/python}
+        """))
 
 
 def test_progress_records_arrive_over_ssh_before_the_result(hosts_file, release_dir):
@@ -93,3 +102,26 @@ def test_a_remote_run_script_streams_live_on_a_terminal(hosts_file, release_dir)
         assert screen.wait_exit() == 0
         lines = screen.text().splitlines()
         assert lines[1:] == ["step 2", "TARGETS  STATUS  SUMMARY", "main     ok      exit 0", "", "1 ok"]
+
+
+def test_progress_passes_through_sudo_and_a_container(hosts_file):
+    """ssh → sudo → pct exec → the container's python: the wrappers only rewrite argv, so the
+    records stream through them too. (The container cannot see a release file of ours: here the
+    diagnostic waits 3 s after its first record, and that record must reach the client well
+    before the run ends.)"""
+    import time
+    source = textwrap.dedent("""\
+        import logging, time
+        logging.basicConfig(level=logging.INFO)
+        logging.getLogger("ct").info("inside the container")
+        time.sleep(3)
+        """)
+    job = bundle.Job("run-script", "ct.py", source.encode(), mode="script")
+    target = topology.load(str(hosts_file)).targets["trainbox"]
+    arrivals = []
+    result = runner.run_one(target, job, SshPool(), on_progress=lambda name, record: arrivals.append(
+        (time.monotonic(), record)))
+    ended = time.monotonic()
+    assert result.status == "ok", result.to_dict()
+    first = next(at for at, record in arrivals if record and record.get("text") == "inside the container")
+    assert ended - first > 2.0, (ended - first, arrivals)
