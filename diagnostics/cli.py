@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence, TextIO, Union
 
-from . import nodeset, render, runner, termination, topology
+from . import live, nodeset, render, runner, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
 from .outcome import Outcome
@@ -145,7 +145,10 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             changes["keep_remote"] = True
         return replace(j, **changes) if changes else j
 
-    progress = render.Progress(len(targets), sys.stderr)
+    # One line per running target on a terminal's stderr (never with --json, never on a pipe);
+    # one target's run-script shows its output as it comes.
+    progress = live.open_area(sys.stderr, [t.name for t in targets], enabled=not opts.json,
+                              passthrough=len(targets) == 1 and job_for(targets[0]).mode == "script")
     finished: List[Result] = []
 
     def arrived(result: Result) -> None:
@@ -156,7 +159,8 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
 
     try:
         results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
-                                  on_result=arrived)
+                                  on_result=arrived,
+                                  on_progress=progress.event if progress.live else None)
     except KeyboardInterrupt as interrupt:   # Ctrl-C, or TERM/HUP (termination.Terminated)
         # run_many has closed every connection: the remote runtimes see stdin close and stop
         code = termination.exit_code_of(interrupt)

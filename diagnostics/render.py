@@ -544,27 +544,3 @@ def render_full(results: Sequence[Result], stream: TextIO, *, color: bool = Fals
         lines += [f"  {safe_text(key)}: {safe_text(value)}" for key, value in flatten(data_of(r)).items()]
     if lines:
         emit(stream, "\n".join(lines) + "\n")
-
-
-# ----------------------------------------------------------------------------- progress
-
-class Progress:
-    """``[12/64] 2 failed`` on stderr while targets run — only when stderr is a terminal.
-    (Counts only: no target's text reaches this line.)"""
-
-    def __init__(self, total: int, stream: TextIO):
-        self.total, self.stream = total, stream
-        self.count = self.bad = 0
-        self.live = total > 1 and stream.isatty()
-
-    def add(self, result: Result) -> None:
-        self.count += 1
-        self.bad += result.status in ("fail", "error")
-        if self.live:
-            self.stream.write(f"\r[{self.count}/{self.total}] {self.bad} failed so far ")
-            self.stream.flush()
-
-    def done(self) -> None:
-        if self.live and self.count:
-            self.stream.write("\r\033[K")
-            self.stream.flush()

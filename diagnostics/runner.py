@@ -9,7 +9,7 @@ through ``wire.read_result``: a malformed one is the target's ``protocol`` row),
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import bundle, redact, wire
 from .errors import InputError
@@ -24,6 +24,9 @@ from .topology import Target
 DEFAULT_PARALLEL = 32
 # Beyond the target-side timeout, how long the client waits before giving up on a silent link.
 CLIENT_GRACE_S = 15.0
+# on_progress(target name, record): a record from wire.ProgressReader, or None when the target
+# starts (its run begins: a live display counts its time from there).
+OnProgress = Callable[[str, Optional[Dict[str, Any]]], None]
 
 
 def _tail(data: bytes, limit: int = 8192) -> str:
@@ -31,16 +34,71 @@ def _tail(data: bytes, limit: int = 8192) -> str:
 
 
 def run_one(target: Target, job: bundle.Job, pool: SshPool, *,
-            step: Optional[SrunStep] = None) -> Result:
+            step: Optional[SrunStep] = None, on_progress: Optional[OnProgress] = None) -> Result:
     """The target's result, secrets masked (DESIGN.md §3: nothing secret in any output).
-    ``step``: run as that step of a Slurm allocation (a node row)."""
-    result = _run_one(target, job, pool, step)
+    ``step``: run as that step of a Slurm allocation (a node row). ``on_progress``: the
+    runtime is asked for progress lines and each one let in is passed on as it arrives, secrets
+    masked (its text is still the target's: shown only through ``render.safe_text``)."""
+    result = _run_one(target, job, pool, step, on_progress)
     clean = Result.from_dict(redact.redact_document(result.to_dict(), target.env_dict))
     clean.duration_s = result.duration_s
     return clean
 
 
-def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[SrunStep]) -> Result:
+class _ProgressRelay:
+    """Passes one target's progress records on, with its secrets masked as its result's are
+    (DESIGN.md §3: nothing secret in any output). Output is passed on in whole lines (a secret
+    cut in two by a chunk boundary would escape the masks), the last piece of a line at the end.
+    A display that fails stops receiving records; the run goes on (a live line is a courtesy,
+    the result is what counts)."""
+
+    LINE_LIMIT = 64 * 1024     # a longer line is passed on in pieces
+
+    def __init__(self, name: str, nonce: str, env: Dict[str, str], on_progress: OnProgress):
+        self.name, self.on_progress = name, on_progress
+        self.secrets = redact.known_secrets(env)
+        self.partial = {stream: "" for stream in wire.PROGRESS_STREAMS}
+        self.broken = False
+        self.reader = wire.ProgressReader(nonce, self.record)
+
+    def _pass(self, record: Optional[Dict[str, Any]]) -> None:
+        if not self.broken:
+            try:
+                self.on_progress(self.name, record)
+            except Exception:
+                self.broken = True
+
+    def start(self) -> None:
+        self._pass(None)
+
+    def record(self, record: Dict[str, Any]) -> None:
+        record = dict(record)
+        for key in ("text", "source"):
+            if key in record:
+                record[key] = redact.redact_text(record[key], self.secrets)
+        output = []
+        for stream, text in record.pop("output", ()):
+            lines = (self.partial[stream] + text).split("\n")
+            self.partial[stream] = lines.pop()
+            whole = "".join(line + "\n" for line in lines)
+            if len(self.partial[stream]) > self.LINE_LIMIT:
+                whole, self.partial[stream] = whole + self.partial[stream], ""
+            if whole:
+                output.append((stream, redact.redact_text(whole, self.secrets)))
+        if output:
+            record["output"] = output
+        self._pass(record)
+
+    def finish(self) -> None:
+        """What is left of lines that never ended (the script's last line without a newline)."""
+        output = [(stream, redact.redact_text(text, self.secrets))
+                  for stream, text in self.partial.items() if text]
+        if output:
+            self._pass({"seq": self.reader.last_seq + 1, "t": 0.0, "output": output})
+
+
+def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[SrunStep],
+             on_progress: Optional[OnProgress] = None) -> Result:
     started = time.monotonic()
     timeout = job.timeout if job.timeout is not None else target.timeout
 
@@ -54,9 +112,17 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
         header = bundle.build_header(job, target=target.name, timeout=timeout,
                                      env=target.env_dict, activate=target.activate,
                                      python=target.python, nonce=nonce, tmpdir=target.tmpdir)
+        watch, relay = {}, None   # no progress asked for: the transport is called as before
+        if on_progress is not None:
+            header = dict(header, progress=True)
+            relay = _ProgressRelay(target.name, nonce, target.env_dict, on_progress)
+            watch = {"on_stdout": relay.reader.feed}
+            relay.start()
         payload = bundle.build_payload(header, bundle.job_files(job))
         deadline = time.monotonic() + timeout + CLIENT_GRACE_S
-        output = chain.transport.run(chain.argv(), payload, deadline)
+        output = chain.transport.run(chain.argv(), payload, deadline, **watch)
+        if relay is not None:
+            relay.finish()
     except TransportError as exc:
         return failed(exc.layer, exc.message, stderr=exc.stderr)
     except InputError:
@@ -98,11 +164,13 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
 
 def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target], bundle.Job]], *,
              parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
-             on_result: Optional[Callable[[Result], None]] = None) -> List[Result]:
+             on_result: Optional[Callable[[Result], None]] = None,
+             on_progress: Optional[OnProgress] = None) -> List[Result]:
     """Run ``job`` (or ``job(target)``) on every target, at most ``parallel`` at a time.
 
     ``on_result`` sees each result as it arrives (for --save and progress); the returned list
-    is in target order. One slow or dead target delays no other target's report."""
+    is in target order. One slow or dead target delays no other target's report.
+    ``on_progress``: see ``run_one`` (called from the worker threads)."""
     job_for = job if callable(job) else (lambda target: job)
     own_pool = pool is None
     pool = pool or SshPool()
@@ -123,7 +191,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
         def run_and_finish(i: int) -> Result:
             target, step = planned[i]
             try:
-                return run_one(target, job_for(target), pool, step=step)
+                return run_one(target, job_for(target), pool, step=step, on_progress=on_progress)
             finally:
                 if endpoints[i] is not None:
                     pool.finished(endpoints[i])

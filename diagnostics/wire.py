@@ -15,6 +15,21 @@ Inbound: the runtime prints one frame, ``BEGIN nonce`` · the result JSON · ``E
 on stdout.  ``read_result`` finds it in linear time, bounds its size and nesting depth before
 parsing, and checks the document against the result schema; anything else is a
 ``ProtocolError`` that becomes the target's ``protocol`` row, never a crash of the run.
+
+Progress, before the frame, only when the header asks for it (``"progress": true``: the client
+shows a live display on a terminal): whole lines ``@@MLDIAG-PROGRESS nonce@@ {json}\n``, at most
+about five a second, each at most ``MAX_PROGRESS_LINE`` bytes, ``MAX_PROGRESS_BYTES`` in all::
+
+    {"seq": 0, "t": 1.25,                      # order, seconds since the runtime started
+     "text": "Loading weights", "level": "INFO", "source": "transformers",   # the newest news:
+                                               # a log record (INFO and up, any logger) or the
+                                               # latest output line (source "stdout"/"stderr")
+     "coalesced": 3,                           # newer news replaced that many older ones
+     "output": [["stdout", "step 1\n"], ...]}  # run-script only: the output itself, in order
+
+Every key but ``seq`` and ``t`` is optional.  ``ProgressReader`` takes stdout as it arrives
+and lets in only whole, bounded lines with this run's nonce and this shape; everything else is
+counted and skipped (never an error: progress is a courtesy, the frame is the result).
 ``diagnostics/scripts/_runtime.py`` cannot import this module (it is a remote single file):
 it repeats the frame markers, and ``tests/unit/test_wire.py`` checks that both agree.
 """
@@ -29,6 +44,7 @@ BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 OLD_PYTHON_MARK = "@@MLDIAG-OLD-PYTHON"
 FRAME_BEGIN = "@@MLDIAG-RESULT-BEGIN %s@@"
 FRAME_END = "@@MLDIAG-RESULT-END %s@@"
+PROGRESS_MARK = "@@MLDIAG-PROGRESS %s@@ "
 
 # Runs under whatever python3 the target has (py3.0+ syntax only): refuse < 3.8 in a way the
 # client recognises, then load the runtime from the stream and hand it the rest of stdin.
@@ -60,6 +76,11 @@ EXCERPT_CHARS = 160
 # runtime prints the frame last); stderr only feeds a tail into error rows.
 STDOUT_HEAD, STDOUT_TAIL = 64 * 1024, MAX_RESULT_BYTES + 256 * 1024
 STDERR_HEAD, STDERR_TAIL = 256 * 1024, 1024 * 1024
+# A progress line: the runtime's are at most ~110 KB (8 K characters of output, JSON-escaped);
+# all of a run's at most 2 MiB, so the stdout tail above still holds a maximal frame after them.
+MAX_PROGRESS_LINE = 128 * 1024
+MAX_PROGRESS_BYTES = 2 * 1024 * 1024
+PROGRESS_STREAMS = ("stdout", "stderr")
 
 
 
@@ -195,6 +216,106 @@ def read_result(stdout: bytes, nonce: str) -> Optional[Dict[str, Any]]:
     back malformed."""
     frame = find_frame(stdout, nonce)
     return None if frame is None else decode_result(frame)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class ProgressReader:
+    """Progress records from a target's stdout, fed chunk by chunk as they arrive.
+
+    Bounded whatever the target sends: a partial line is kept only while it can still be a
+    progress line of ours and is at most ``MAX_PROGRESS_LINE`` bytes; any other line (the frame,
+    noise) is skipped without being kept.  A line with another nonce, bad JSON, deep nesting or
+    the wrong shape is counted in ``ignored`` and dropped.  ``on_record`` gets a clean dict (only
+    the documented keys, checked types); its text is still the target's: show it through
+    ``render.safe_text``."""
+
+    def __init__(self, nonce: str, on_record):
+        self.mark = (PROGRESS_MARK % nonce).encode("ascii")
+        self.prefix = PROGRESS_MARK.split(" ")[0].encode("ascii")   # any run's progress line
+        self.on_record = on_record
+        self.buf = bytearray()
+        self.skipping = False     # inside a line that is not ours: drop up to its newline
+        self.accepted = 0
+        self.ignored = 0
+        self.received = 0         # bytes of progress lines let in
+        self.last_seq = -1
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while start < len(data):
+            nl = data.find(b"\n", start)
+            end = len(data) if nl < 0 else nl
+            if not self.skipping:
+                self.buf += data[start:end]
+                if not self._may_be_ours():
+                    self.skipping = True
+                    if self.buf.startswith(self.prefix):
+                        self.ignored += 1      # a progress line, but too long
+                    self.buf.clear()
+            if nl < 0:
+                return
+            if not self.skipping and self.buf:
+                self._line(bytes(self.buf))
+            self.buf.clear()
+            self.skipping = False
+            start = nl + 1
+
+    def _may_be_ours(self) -> bool:
+        n = min(len(self.buf), len(self.prefix))
+        if bytes(self.buf[:n]) != self.prefix[:n]:
+            return False
+        return len(self.buf) <= MAX_PROGRESS_LINE
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(self.prefix):
+            return                           # some other line (the frame's blank line before)
+        record = None
+        if line.startswith(self.mark) and self.received + len(line) + 1 <= MAX_PROGRESS_BYTES:
+            record = parse_progress(line[len(self.mark):])
+        if record is None or record["seq"] <= self.last_seq:
+            self.ignored += 1
+            return
+        self.last_seq = record["seq"]
+        self.received += len(line) + 1    # with its newline
+        self.accepted += 1
+        self.on_record(record)
+
+
+def parse_progress(text: bytes) -> Optional[Dict[str, Any]]:
+    """One progress record, checked (see the module's docstring), or None."""
+    try:
+        check_depth(text, 4)
+        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError, ProtocolError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    seq, t = doc.get("seq"), doc.get("t")
+    if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 and _is_number(t)):
+        return None
+    record: Dict[str, Any] = {"seq": seq, "t": float(t)}
+    for key in ("text", "level", "source"):
+        if key in doc:
+            if not isinstance(doc[key], str):
+                return None
+            record[key] = doc[key]
+    coalesced = doc.get("coalesced", 0)
+    if not isinstance(coalesced, int) or isinstance(coalesced, bool) or coalesced < 0:
+        return None
+    if coalesced:
+        record["coalesced"] = coalesced
+    if "output" in doc:
+        output = doc["output"]
+        if not isinstance(output, list):
+            return None
+        for piece in output:
+            if not (isinstance(piece, list) and len(piece) == 2 and piece[0] in PROGRESS_STREAMS
+                    and isinstance(piece[1], str)):
+                return None
+        record["output"] = [(stream, text) for stream, text in output]
+    return record
 
 
 # ----------------------------------------------------------------------------- the schema

@@ -12,7 +12,7 @@ import os
 import resource
 from collections import deque
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 # Audit: when set, every command line sent to a hop is appended to this file as one JSON line
 # ({"hop", "line", "pid"}), exactly as sent. The test suite turns it on for every test and then
@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 RECORD_ENV = "MLDIAG_RECORD_COMMANDS"
 
 Classification = Optional[Tuple[str, str]]   # (error layer, one-line reason) or None
+OnStdout = Optional[Callable[[bytes], None]]  # sees each stdout chunk as it arrives
 
 
 class Wrapper:
@@ -58,10 +59,13 @@ class Transport(abc.ABC):
     kind = "?"
 
     @abc.abstractmethod
-    def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> "ProcessOutput":
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
+            on_stdout: OnStdout = None) -> "ProcessOutput":
         """Run ``argv`` (no shell) with ``payload`` on its stdin, kept open until the command
         ends: its EOF tells the runtime the client went away.  Never waits past ``deadline``
-        (``time.monotonic()``); streams come back bounded."""
+        (``time.monotonic()``); streams come back bounded.  ``on_stdout``, when given, is called
+        with each stdout chunk as it arrives (progress lines, ``wire.ProgressReader``), on the
+        calling thread; the chunk is in the returned stdout too."""
 
     @abc.abstractmethod
     def put(self, data: bytes, path: str) -> None:

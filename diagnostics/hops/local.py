@@ -9,7 +9,7 @@ import time
 from typing import Sequence, Set
 
 from .. import wire
-from .base import (ProcessOutput, StreamCapture, Transport, descriptors_error,
+from .base import (OnStdout, ProcessOutput, StreamCapture, Transport, descriptors_error,
                    out_of_descriptors, record_command)
 
 
@@ -35,7 +35,8 @@ class LocalTransport(Transport):
     def describe(self) -> str:
         return "local"
 
-    def run(self, argv: Sequence[str], payload: bytes, deadline: float) -> ProcessOutput:
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
+            on_stdout: OnStdout = None) -> ProcessOutput:
         """Run argv, write payload to its stdin and keep stdin open until the process ends
         (the runtime treats stdin EOF as "the client went away")."""
         record_command("local", shlex.join(argv))
@@ -50,7 +51,7 @@ class LocalTransport(Transport):
         with _running_lock:
             _running.add(stop)
         try:
-            return _pump(proc, payload, deadline, stop)
+            return _pump(proc, payload, deadline, stop, on_stdout)
         finally:
             with _running_lock:
                 _running.discard(stop)
@@ -73,7 +74,8 @@ class LocalTransport(Transport):
         pass
 
 
-def _pump(proc, payload: bytes, deadline: float, stop: threading.Event) -> ProcessOutput:
+def _pump(proc, payload: bytes, deadline: float, stop: threading.Event,
+          on_stdout: OnStdout = None) -> ProcessOutput:
     """Write the payload and read both streams, never blocking past ``deadline`` (a child that
     never reads its stdin costs the deadline, not a hang); each stream is kept bounded.
     ``stop`` set (an interrupted run) closes the child's stdin: its runtime then stops."""
@@ -119,6 +121,8 @@ def _pump(proc, payload: bytes, deadline: float, stop: threading.Event) -> Proce
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if chunk:
                     key.data.feed(chunk)
+                    if on_stdout is not None and key.data is out:
+                        on_stdout(chunk)
                 else:
                     sel.unregister(key.fileobj)
                     readers -= 1

@@ -29,8 +29,9 @@ if TYPE_CHECKING:   # imported for real where a connection is opened (see _open_
 
 from .. import wire
 from ..topology import is_safe_token
-from .base import (ProcessOutput, StreamCapture, Transport, TransportError, concurrent_runs_allowed,
-                   descriptors_error, first_line, out_of_descriptors, record_command)
+from .base import (OnStdout, ProcessOutput, StreamCapture, Transport, TransportError,
+                   concurrent_runs_allowed, descriptors_error, first_line, out_of_descriptors,
+                   record_command)
 from .knownhosts import HostKeyRefused, trust_known_hosts
 from .sshconfig import Endpoint
 
@@ -421,7 +422,7 @@ class SshTransport(Transport):
         return first + (f" (via {', '.join(reversed(via))})" if via else "")
 
     def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
-            close_stdin: bool = False) -> ProcessOutput:
+            close_stdin: bool = False, on_stdout: OnStdout = None) -> ProcessOutput:
         """Run argv with ``payload`` on its stdin, kept open until the command ends (its EOF
         tells the runtime the client went away) unless ``close_stdin``.  Nothing here waits
         past ``deadline``, the write of a payload the command never reads included."""
@@ -440,7 +441,7 @@ class SshTransport(Transport):
                     raise TransportError("unreachable", f"{self.endpoint.describe()}: cannot start the "
                                          f"command: {exc or type(exc).__name__}")
                 try:
-                    return _exchange(chan, payload, deadline, close_stdin)
+                    return _exchange(chan, payload, deadline, close_stdin, on_stdout)
                 finally:
                     chan.close()
                     if not pooled.alive:
@@ -496,9 +497,10 @@ class SshTransport(Transport):
 class _Streams:
     """What came back on a channel, bounded per stream (wire.STDOUT_*, wire.STDERR_*)."""
 
-    def __init__(self):
+    def __init__(self, on_stdout: OnStdout = None):
         self.out = StreamCapture(wire.STDOUT_HEAD, wire.STDOUT_TAIL)
         self.err = StreamCapture(wire.STDERR_HEAD, wire.STDERR_TAIL)
+        self.on_stdout = on_stdout
 
     def drain(self, chan: paramiko.Channel, rounds: int = 64) -> None:
         """What has arrived, up to ``rounds`` reads per stream: a target that never stops
@@ -506,7 +508,10 @@ class _Streams:
         for _ in range(rounds):
             if not chan.recv_ready():
                 break
-            self.out.feed(chan.recv(65536))
+            chunk = chan.recv(65536)
+            self.out.feed(chunk)
+            if self.on_stdout is not None and chunk:
+                self.on_stdout(chunk)
         for _ in range(rounds):
             if not chan.recv_stderr_ready():
                 break
@@ -549,8 +554,8 @@ def _send(chan: paramiko.Channel, payload: bytes, deadline: float, streams: _Str
 
 
 def _exchange(chan: paramiko.Channel, payload: bytes, deadline: float,
-              close_stdin: bool) -> ProcessOutput:
-    streams = _Streams()
+              close_stdin: bool, on_stdout: OnStdout = None) -> ProcessOutput:
+    streams = _Streams(on_stdout)
     if not _send(chan, payload, deadline, streams):
         return streams.output(timed_out=True)
     if close_stdin:

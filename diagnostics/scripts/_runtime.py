@@ -19,7 +19,12 @@ What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
   are killed — until the kernel says none is left, fork-hoppers too — when the diagnostic ends,
   times out, or the client goes away;
 - exactly one result frame on stdout, whatever the diagnostic printed, raised or did; of what it
-  printed, a bounded head and tail are kept.
+  printed, a bounded head and tail are kept;
+- with ``progress`` in the header (the client shows a live display), progress lines before the
+  frame (``@@MLDIAG-PROGRESS nonce@@ {json}``, see ``diagnostics/wire.py``): the child's log
+  records (INFO and up, through a pipe of their own, never the script's fds), its latest output
+  line, and in script mode its output itself; at most one line per PROGRESS_INTERVAL_S, each
+  bounded, all of them together bounded. Without ``progress`` none of this is set up.
 
 Standard library only; Python 3.8+.  Runnable by hand for debugging::
 
@@ -43,6 +48,12 @@ MAX_LOG_RECORDS = 200
 LOG_MESSAGE_LIMIT = 4096  # characters of one log record's message (head and tail kept)
 # Bounded capture of what the diagnostic prints: the head and the tail are kept.
 CAPTURE_LIMITS = {"diagnostic": 16 * 1024, "script": 256 * 1024}
+PROGRESS_MARK = "@@MLDIAG-PROGRESS %s@@ "
+PROGRESS_INTERVAL_S = 0.2       # at most 5 progress lines a second; newer news replaces older
+PROGRESS_TEXT_LIMIT = 400       # characters of a record's text (a log message, an output line)
+PROGRESS_CHUNK_LIMIT = 8 * 1024  # characters of script output in one progress line
+PROGRESS_TOTAL_LIMIT = 2 * 1024 * 1024   # bytes of progress lines in a whole run
+PROGRESS_FD_ENV = "MLDIAG_PROGRESS_FD"   # a spawned child's end of the log-record pipe
 # `activate:` runs through sh with tokens from hosts.yaml only (validated, safe alphabet); the
 # words reach sh through the environment, never through a command line.
 ACTIVATE_SH = ('[ -r "$MLDIAG_ACTIVATE_SCRIPT" ] || { echo "cannot read $MLDIAG_ACTIVATE_SCRIPT" >&2; exit 96; }\n'
@@ -502,10 +513,15 @@ def remove_contents(top_fd):
 # ----------------------------------------------------------------------------- child side
 
 
-def _install_log_capture(records):
+def _install_log_capture(records, progress=None, script=False):
     """Warnings and log records (WARNING and up) go to the result's ``log``. The logging handler
     is installed when something imports logging (at once if it is already imported): a
-    diagnostic that never logs does not pay logging's import (~12 ms of CPU on every target)."""
+    diagnostic that never logs does not pay logging's import (~12 ms of CPU on every target).
+    ``progress`` (a ProgressPipe, when the client shows progress): every record of INFO and up,
+    from any logger that lets it through, and every warning, is sent to the supervisor too.
+    ``script`` (run-script): records are seen without a handler on the root logger, so the
+    script's logging behaves as under a plain ``python script.py`` (its ``basicConfig`` takes
+    effect; with no configuration, warnings reach its stderr through logging's last resort)."""
     import warnings
 
     def add(level, source, message):
@@ -513,33 +529,85 @@ def _install_log_capture(records):
             records.append({"level": level, "source": source, "message": head_and_tail(message)})
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        add("WARNING", category.__name__, "%s (%s:%s)" % (message, filename, lineno))
+        text = "%s (%s:%s)" % (message, filename, lineno)
+        add("WARNING", category.__name__, text)
+        if progress is not None:
+            progress.send("WARNING", category.__name__, text)
 
     warnings.showwarning = showwarning
     warnings.simplefilter("default")  # DeprecationWarnings too: they explain future breakage
     if "logging" in sys.modules:
-        _add_log_handler(sys.modules["logging"], add)
+        _add_log_handler(sys.modules["logging"], add, progress, script)
     else:
-        sys.meta_path.insert(0, _WhenLoggingIsImported(add))
+        sys.meta_path.insert(0, _WhenLoggingIsImported(add, progress, script))
 
 
-def _add_log_handler(logging, add):
+def _message(record):
+    try:
+        return record.getMessage()
+    except Exception:
+        return repr(record.msg)
+
+
+def _add_log_handler(logging, add, progress=None, script=False):
     class Capture(logging.Handler):
         def emit(self, record):
-            try:
-                add(record.levelname, record.name, record.getMessage())
-            except Exception:
-                add(record.levelname, record.name, repr(record.msg))
+            add(record.levelname, record.name, _message(record))
 
-    logging.getLogger().addHandler(Capture(logging.WARNING))
+    if not script:
+        logging.getLogger().addHandler(Capture(logging.WARNING))
+    if progress is None and not script:
+        return
+    # Every record a logger handles passes through Logger.callHandlers once (it walks up to the
+    # root itself): records of loggers that do not propagate (vLLM's) are seen too, and the
+    # logger levels, the handlers and what the script prints stay exactly as they were.
+    call_handlers = logging.Logger.callHandlers
+    info, warning = logging.INFO, logging.WARNING
+
+    def callHandlers(self, record):
+        try:
+            if record.levelno >= info:
+                message = _message(record)
+                if script and record.levelno >= warning:
+                    add(record.levelname, record.name, message)
+                if progress is not None:
+                    progress.send(record.levelname, record.name, message)
+        except Exception:
+            pass
+        return call_handlers(self, record)
+
+    logging.Logger.callHandlers = callHandlers
+
+
+class ProgressPipe(object):
+    """The child's end of the log-record pipe: one JSON line per record, written whole (at most
+    PIPE_BUF bytes, so never interleaved with another thread's) and never waited for: when the
+    pipe is full the record is dropped (the result's ``log`` keeps WARNING and up regardless)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def send(self, level, source, message):
+        for limit in (PROGRESS_TEXT_LIMIT, 64):
+            data = (json.dumps({"level": str(level)[:20], "source": str(source)[:80],
+                                "message": str(message)[:limit]}) + "\n").encode("ascii")
+            if len(data) <= 4096:
+                break
+        else:
+            return
+        try:
+            os.write(self.fd, data)
+        except OSError:
+            pass
 
 
 class _WhenLoggingIsImported(object):
     """A meta path finder that only watches: it lets the normal finder find ``logging`` and
     adds our handler right after the module has executed, then steps aside."""
 
-    def __init__(self, add):
-        self.add = add
+    def __init__(self, add, progress=None, script=False):
+        self.add, self.progress, self.script = add, progress, script
 
     def find_spec(self, name, path=None, target=None):
         if name != "logging":
@@ -549,11 +617,11 @@ class _WhenLoggingIsImported(object):
         spec = _frozen_importlib_external.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        execute, add = spec.loader.exec_module, self.add
+        execute, add, progress, script = spec.loader.exec_module, self.add, self.progress, self.script
 
         def exec_module(module):
             execute(module)
-            _add_log_handler(module, add)
+            _add_log_handler(module, add, progress, script)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -585,13 +653,21 @@ def _run_path(path, run_name):
     return module.__dict__
 
 
-def run_child(header, tmpdir, dir_fd=None):
+def run_child(header, tmpdir, dir_fd=None, progress_fd=None):
     """The diagnostic's side: runs in the child process, writes the result file, never returns.
     The result goes in through ``dir_fd`` (the private dir, inherited by a forked child, opened
     before the diagnostic starts by a spawned one), never through the path: whatever the
-    diagnostic does to its directory, the result cannot be written elsewhere."""
+    diagnostic does to its directory, the result cannot be written elsewhere. ``progress_fd``:
+    the log-record pipe (a spawned child finds it in its environment: it is made close-on-exec
+    again here and the variable removed, so what the diagnostic runs never inherits it)."""
     if dir_fd is None:
         dir_fd = os.open(tmpdir, os.O_RDONLY | os.O_DIRECTORY)
+    if progress_fd is None and PROGRESS_FD_ENV in os.environ:
+        try:
+            progress_fd = int(os.environ.pop(PROGRESS_FD_ENV))
+            os.set_inheritable(progress_fd, False)
+        except (ValueError, OSError):
+            progress_fd = None
     st = os.fstat(dir_fd)
     ident = (st.st_dev, st.st_ino)
     records = []
@@ -603,7 +679,8 @@ def run_child(header, tmpdir, dir_fd=None):
         os.chdir(tmpdir)
         sys.argv = [script] + argv
         sys.path.insert(0, tmpdir)
-        _install_log_capture(records)
+        _install_log_capture(records, ProgressPipe(progress_fd) if progress_fd is not None else None,
+                             header.get("mode") == "script")
         if header.get("mode") == "script":
             _run_path(script, "__main__")
         else:
@@ -693,9 +770,11 @@ def needs_spawn(header):
         k.startswith(("PYTHON", "LD_")) for k in (header.get("env") or {}))
 
 
-def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd):
+def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd, progress_w=None):
     """fork (fast: no second interpreter) or fork+exec when an activation is needed. A forked
-    child keeps ``dir_fd`` (the private dir) for its result; an exec closes it (O_CLOEXEC)."""
+    child keeps ``dir_fd`` (the private dir) for its result; an exec closes it (O_CLOEXEC).
+    ``progress_w``, the log-record pipe, stays open in the child (inherited across the exec of a
+    spawned one, its number in MLDIAG_PROGRESS_FD); stdin, stdout and stderr are the usual ones."""
     spawn = needs_spawn(header)
     argv = _spawn_argv(header, tmpdir) if spawn else None
     env = dict(os.environ)
@@ -715,6 +794,9 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd):
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
+        if progress_w is not None and spawn:
+            os.set_inheritable(progress_w, True)
+            env[PROGRESS_FD_ENV] = str(progress_w)
         for fd in [f for f in close_fds if f > 2] + [devnull, out_w, err_w]:
             try:
                 os.close(fd)
@@ -727,7 +809,7 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd):
             os.execvpe(argv[0], argv, env)
         os.environ.clear()
         os.environ.update(env)
-        run_child(header, tmpdir, dir_fd)
+        run_child(header, tmpdir, dir_fd, progress_w)
     except BaseException:
         try:
             import traceback
@@ -736,7 +818,132 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd):
             os._exit(127)
 
 
-def supervise(header, private, stdin_fd):
+class Progress(object):
+    """The supervisor's progress lines on our stdout (before the result frame): what the child
+    logs and prints, throttled to one line per PROGRESS_INTERVAL_S (newer news replaces older:
+    the text is always the newest), each line bounded, all of them bounded by
+    PROGRESS_TOTAL_LIMIT. In script mode the output itself rides along (up to the capture's
+    limit per stream), in arrival order."""
+
+    def __init__(self, nonce, script, started):
+        self.mark = (PROGRESS_MARK % nonce).encode("ascii")
+        self.script, self.started = script, started
+        self.limit = CAPTURE_LIMITS["script"]
+        self.news = None          # the newest record text not yet sent: dict
+        self.coalesced = 0        # news replaced before it was sent
+        self.output = []          # [[stream, text], ...] not yet sent (script mode)
+        self.streamed = {"stdout": 0, "stderr": 0}
+        self.partial = {"stdout": "", "stderr": ""}
+        self.decoders = {}
+        self.log_buf = b""
+        self.last_log = None      # the newest log message: an output line echoing it adds nothing
+        self.last = 0.0
+        self.sent = 0
+        self.seq = 0
+        self.full = False         # PROGRESS_TOTAL_LIMIT reached: nothing more is sent
+
+    def due(self, now):
+        """Seconds until the next line may go (None: nothing waits)."""
+        if self.news is None and not self.output:
+            return None
+        return max(0.0, self.last + PROGRESS_INTERVAL_S - now)
+
+    def _set_news(self, news):
+        if self.news is not None:
+            self.coalesced += 1
+        self.news = news
+
+    def feed_output(self, name, chunk):
+        if self.full:
+            return
+        decoder = self.decoders.get(name)
+        if decoder is None:   # codecs is always loaded: no import cost
+            import codecs
+            decoder = self.decoders[name] = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(chunk)
+        if not text:
+            return
+        if self.script and self.streamed[name] < self.limit:
+            piece = text[:self.limit - self.streamed[name]]
+            self.streamed[name] += len(piece)
+            if self.output and self.output[-1][0] == name:
+                self.output[-1][1] += piece
+            else:
+                self.output.append([name, piece])
+        lines = (self.partial[name] + text).split("\n")
+        self.partial[name] = lines[-1][-4096:]
+        for line in reversed(lines):   # the newest line with something on it; of a line
+            for segment in reversed(line.split("\r")):   # redrawn with \r, its last drawing
+                segment = segment.strip()
+                if segment:
+                    if not (self.last_log and self.last_log in segment):
+                        self._set_news({"text": segment[:PROGRESS_TEXT_LIMIT], "source": name})
+                    return
+
+    def feed_log(self, chunk):
+        """Lines from the child's log-record pipe (ours, but the diagnostic could write there:
+        anything that is not a record is skipped)."""
+        if self.full:
+            return
+        lines = (self.log_buf + chunk).split(b"\n")
+        self.log_buf = lines.pop()[-8192:]
+        for line in lines:
+            try:
+                rec = json.loads(line.decode("utf-8"))
+                news = {"text": str(rec["message"])[:PROGRESS_TEXT_LIMIT],
+                        "level": str(rec["level"])[:20], "source": str(rec["source"])[:80]}
+            except Exception:
+                continue
+            self.last_log = news["text"]
+            self._set_news(news)
+
+    def flush(self, now, force=False):
+        """Send what waits, if its time has come (``force``: now, at the end)."""
+        if self.news is None and not self.output:
+            return
+        if not force and now < self.last + PROGRESS_INTERVAL_S:
+            return
+        self.last = now
+        while self.news is not None or self.output:
+            record = {"seq": self.seq, "t": round(now - self.started, 3)}
+            if self.news is not None:
+                record.update(self.news)
+                if self.coalesced:
+                    record["coalesced"] = self.coalesced
+                self.news, self.coalesced = None, 0
+            room, output = PROGRESS_CHUNK_LIMIT, []
+            while self.output and room > 0:
+                name, text = self.output[0]
+                output.append([name, text[:room]])
+                room -= len(text[:room])
+                if len(text) > len(output[-1][1]):
+                    self.output[0][1] = text[len(output[-1][1]):]
+                else:
+                    self.output.pop(0)
+            if output:
+                record["output"] = output
+            self.seq += 1
+            line = self.mark + json.dumps(record).encode("ascii") + b"\n"
+            if self.sent + len(line) > PROGRESS_TOTAL_LIMIT:
+                self.news, self.output, self.full = None, [], True
+                return
+            self.sent += len(line)
+            _write_all(line)
+            if not force:     # what is left of the output goes next time
+                return
+
+
+def _write_all(data):
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(1, view)
+        except InterruptedError:
+            continue
+        view = view[n:]
+
+
+def supervise(header, private, stdin_fd, started=None):
     """Run the diagnostic child; returns (outcome dict, status, capture_out, capture_err, notes)."""
     limit = CAPTURE_LIMITS.get(header.get("mode"), CAPTURE_LIMITS["diagnostic"])
     out, err = BoundedCapture(limit), BoundedCapture(limit)
@@ -745,26 +952,40 @@ def supervise(header, private, stdin_fd):
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
+    progress = prog_r = prog_w = None
+    if header.get("progress"):
+        progress = Progress(header["nonce"], header.get("mode") == "script", started or time.time())
+        prog_r, prog_w = os.pipe()
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
     child = start_child(header, private.path, out_w, err_w,
-                        [out_r, err_r, wake_r, wake_w, stdin_fd, private.parent_fd], private.fd)
+                        [out_r, err_r, wake_r, wake_w, stdin_fd, private.parent_fd]
+                        + ([prog_r] if progress else []), private.fd, prog_w)
     CHILD[0] = child
     os.close(out_w)
     os.close(err_w)
+    if prog_w is not None:
+        os.close(prog_w)
     timeout = float(header.get("timeout") or 300)
     deadline = time.time() + timeout
     status = None
     ended = None  # "exited" | "timeout" | "client-gone"
     streams = {out_r: out, err_r: err}
-    watch = [out_r, err_r, wake_r, stdin_fd]
+    names = {out_r: "stdout", err_r: "stderr"}
+    watch = [out_r, err_r, wake_r, stdin_fd] + ([prog_r] if progress else [])
     while ended is None:
-        remaining = deadline - time.time()
+        now = time.time()
+        remaining = deadline - now
         if remaining <= 0:
             ended = "timeout"
             break
+        wait = min(remaining, 1.0)
+        if progress is not None:
+            due = progress.due(now)
+            if due is not None:
+                wait = min(wait, due)
         try:
-            ready, _, _ = select.select(watch, [], [], min(remaining, 1.0))
+            ready, _, _ = select.select(watch, [], [], wait)
         except InterruptedError:
             ready = []
         for fd in ready:
@@ -776,12 +997,22 @@ def supervise(header, private, stdin_fd):
             elif fd == stdin_fd:
                 if not os.read(stdin_fd, 65536):
                     ended = "client-gone"
+            elif fd == prog_r:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    progress.feed_log(chunk)
+                else:
+                    watch.remove(fd)
             else:
                 chunk = os.read(fd, 65536)
                 if chunk:
                     streams[fd].feed(chunk)
+                    if progress is not None:
+                        progress.feed_output(names[fd], chunk)
                 else:
                     watch.remove(fd)
+        if progress is not None:
+            progress.flush(time.time())
         statuses = reap_children()
         if child in statuses:
             status = statuses[child]
@@ -794,7 +1025,7 @@ def supervise(header, private, stdin_fd):
         except ChildProcessError:
             status = None
     # Drain what the (now dead) processes left in the pipes.
-    for fd, capture in streams.items():
+    for fd in [out_r, err_r] + ([prog_r] if progress else []):
         if fd in watch:
             os.set_blocking(fd, False)
             while True:
@@ -804,8 +1035,15 @@ def supervise(header, private, stdin_fd):
                     break
                 if not chunk:
                     break
-                capture.feed(chunk)
+                if fd == prog_r:
+                    progress.feed_log(chunk)
+                else:
+                    streams[fd].feed(chunk)
+                    if progress is not None:
+                        progress.feed_output(names[fd], chunk)
         os.close(fd)
+    if progress is not None and ended != "client-gone":
+        progress.flush(time.time(), force=True)
     signal.set_wakeup_fd(-1)
     os.close(wake_r)
     os.close(wake_w)
@@ -904,15 +1142,8 @@ def compose(header, run, started):
 
 
 def emit(nonce, result):
-    data = ("\n" + FRAME_BEGIN % nonce + "\n" + json.dumps(result, default=repr) + "\n"
-            + FRAME_END % nonce + "\n").encode("utf-8")
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(1, view)
-        except InterruptedError:
-            continue
-        view = view[n:]
+    _write_all(("\n" + FRAME_BEGIN % nonce + "\n" + json.dumps(result, default=repr) + "\n"
+                + FRAME_END % nonce + "\n").encode("utf-8"))
 
 
 def _read_exact(stream, n):
@@ -943,7 +1174,7 @@ def main(stdin):
             private.write(HEADER_FILE, header_on_disk(header))
         uploading = False
         SUBREAPER[0] = set_subreaper()
-        run = supervise(header, private, stdin.fileno())
+        run = supervise(header, private, stdin.fileno(), started)
         result = compose(header, run, started)
         if run["ended"] == "client-gone":
             return

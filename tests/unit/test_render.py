@@ -554,33 +554,6 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_progress_counts_on_a_terminal_and_wipes_its_line():
-    tty = _Tty()
-    p = render.Progress(3, tty)
-    for status in ("ok", "fail", "error"):
-        p.add(Result("ping", "t", status, "s"))
-    p.done()
-    assert tty.getvalue() == ("\r[1/3] 0 failed so far \r[2/3] 1 failed so far \r[3/3] 2 failed so far "
-                              "\r\033[K")
-    one = _Tty()
-    p = render.Progress(1, one)  # a single target: no progress line
-    p.add(Result("ping", "t", "fail", "s"))
-    p.done()
-    assert one.getvalue() == ""
-    pipe = io.StringIO()          # not a terminal: nothing
-    p = render.Progress(5, pipe)
-    p.add(Result("ping", "t", "fail", "s"))
-    p.done()
-    assert pipe.getvalue() == ""
-    idle = _Tty()                 # nothing ran: nothing to wipe
-    render.Progress(2, idle).done()
-    assert idle.getvalue() == ""
-    two = _Tty()
-    p = render.Progress(2, two)
-    p.add(Result("ping", "t", "warn", "s"))
-    assert two.getvalue() == "\r[1/2] 0 failed so far "
-
-
 def _env(target, status="ok", **data):
     return Result("env-report", target, status, "s", data=data) if status != "error" else \
         Result.failure("env-report", target, "unreachable", "down")
