@@ -180,9 +180,20 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         render.render_json(results, out)
     else:
         details = render.render_diff if opts.diff else after_table
-        render.render_table(results, out, details=details, color=render.wants_color(out))
+        # NOTE: one target's run-script output went to the terminal as it ran; when the table
+        # goes to that terminal too it is not shown twice (to a file it is: nothing is above it).
+        streamed = [targets[0].name] if progress.passed_through and _isatty(out) else []
+        render.render_table(results, out, details=details, color=render.wants_color(out),
+                            streamed=streamed)
     out.flush()
     return Outcome(results, exit_code(results))
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def internal_error(exc: BaseException) -> str:

@@ -91,6 +91,7 @@ class LiveArea:
         self.count = self.bad = 0
         self.running: Dict[str, List[Any]] = {}   # name -> [started (monotonic), text]
         self.partial = {"stdout": "", "stderr": ""}
+        self.passed_through = False   # some of the script's output is on the screen already
         self.drawn = 0            # lines the area takes now (the cursor is on its last)
         self.dirty = False
         self.last_draw = 0.0
@@ -215,6 +216,7 @@ class LiveArea:
             self.partial[stream] = lines.pop()[-PARTIAL_LIMIT:]
             text += "".join(shown_line(line) + "\n" for line in lines)
         if text:
+            self.passed_through = True
             self._write(self._erase() + text + self._area(time.monotonic()))
 
     def _write(self, text: str) -> None:

@@ -9,7 +9,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Collection, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 
 from . import nodeset
@@ -200,7 +200,9 @@ def _error_text(err: Any) -> List[str]:
     """``unreachable: message``; the exception type when it adds something; never empty."""
     message = _lines(err.message)
     etype = _cell(err.type)
-    if etype and etype != err.layer and not (message and message[0].startswith(etype)):
+    # NOTE: the runtime's own types only restate the layer (``timeout``/``Timeout``)
+    if etype and etype.lower() != str(err.layer).lower() \
+            and not (message and message[0].startswith(etype)):
         message = [f"{etype}: {message[0]}" if message else etype] + message[1:]
     if not message:
         message = [etype or "(no message)"]
@@ -262,6 +264,7 @@ def _error_lines(group: Group, color: bool) -> List[str]:
 OUTPUT_TAIL_LINES = 10    # run-script's stdout and stderr in the table: the last lines of each
 OUTPUT_LINE_CHARS = 200
 MORE_LINES = "\N{HORIZONTAL ELLIPSIS} {n} more lines: --json/--save"
+SHOWN_ABOVE = "output: shown above as it ran (--json/--save keep it)"
 
 
 def _text_field(mapping: Any, key: str) -> Optional[str]:
@@ -301,12 +304,15 @@ def _output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
     return blocks
 
 
-def _output_lines(group: Group) -> List[str]:
+def _output_lines(group: Group, streamed: Collection[str] = ()) -> List[str]:
     """The output blocks of a group's first result (its others' when they are the same): the
-    label at the finding indent, the text under the message column."""
+    label at the finding indent, the text under the message column. A target in ``streamed``
+    had its output (traceback included) written live above the table: only a pointer to it."""
     blocks = _output_blocks(group.first)
     if not blocks:
         return []
+    if len(group.results) == 1 and group.first.target in streamed:
+        return [f"{DETAIL_INDENT}{SHOWN_ABOVE}"]
     out = []
     others = [r.target for r in group.results[1:]
               if _run_free(_output_blocks(r)) != _run_free(blocks)]
@@ -338,10 +344,11 @@ def _columns(rows: Sequence[Sequence[str]], paint: Optional[Sequence[str]] = Non
 
 
 def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = False,
-                 details: Optional[Callable[..., None]] = None) -> None:
+                 details: Optional[Callable[..., None]] = None,
+                 streamed: Collection[str] = ()) -> None:
     """Header, one row per folded group with its findings/error under it, then ``details``
     (a task's own view, e.g. the GPU grid: ``details(results, stream, color=color)``), blank,
-    summary."""
+    summary. ``streamed``: targets whose output is on the screen already (``_output_lines``)."""
     results = list(results)
     groups = fold(results)
     if not groups:
@@ -357,7 +364,7 @@ def render_table(results: Sequence[Result], stream: TextIO, *, color: bool = Fal
             lines.extend(_finding_lines(f, color))
         if group.first.error is not None:
             lines.extend(_error_lines(group, color))
-        lines.extend(_output_lines(group))
+        lines.extend(_output_lines(group, streamed))
     emit(stream, "\n".join(lines) + "\n")
     if details:
         details(results, stream, color=color)

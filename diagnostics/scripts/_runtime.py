@@ -1071,6 +1071,16 @@ def _status_of(doc_status, findings):
     return order[worst]
 
 
+def exception_line(exc):
+    """``Type: first line of the message``; ``Type (empty message)`` for ``raise RuntimeError()``,
+    whose message describe_exception filled with its repr (``RuntimeError()``, ``RuntimeError('')``)."""
+    name = exc["type"].rsplit(".", 1)[-1]
+    message = exc["message"] or ""
+    if not message.strip() or message in ("%s()" % name, "%s('')" % name, '%s("")' % name):
+        return "%s (empty message)" % exc["type"]
+    return "%s: %s" % (exc["type"], message.splitlines()[0])
+
+
 def compose(header, run, started):
     """The result document from what ``supervise`` saw."""
     mode = header.get("mode")
@@ -1086,8 +1096,13 @@ def compose(header, run, started):
         result["status"] = "error"
         result["summary"] = "%s: %s" % (layer, message)
         result["error"] = {"layer": layer, "type": type_, "message": message,
-                           "traceback": tb, "stderr": err_text or None}
-        if out_text and mode != "script":
+                           "traceback": tb,
+                           # a script's stderr is in data (below), shown once
+                           "stderr": None if mode == "script" else (err_text or None)}
+        if mode == "script":   # a script that timed out or was killed: what it printed still shows
+            result["data"] = {"exit_code": None, "stdout": out_text, "stderr": err_text,
+                              "stdout_bytes": run["out"].total, "stderr_bytes": run["err"].total}
+        elif out_text:
             result["log"].append({"level": "INFO", "source": "stdout", "message": head_and_tail(out_text)})
 
     if run["left"]:   # SIGKILL could not end them (stuck in the kernel): say so, with their pids
@@ -1114,8 +1129,7 @@ def compose(header, run, started):
         exc = outcome.get("exception")
         code = outcome.get("exit_code", 0)
         result["status"] = "ok" if code == 0 else "fail"
-        result["summary"] = "exit %d" % code if not exc else "exit %d: %s: %s" % (
-            code, exc["type"], exc["message"].splitlines()[0] if exc["message"] else "")
+        result["summary"] = "exit %d: %s" % (code, exception_line(exc)) if exc else "exit %d" % code
         result["data"] = {"exit_code": code, "stdout": out_text, "stderr": err_text,
                           "stdout_bytes": run["out"].total, "stderr_bytes": run["err"].total}
         if exc:
@@ -1123,6 +1137,7 @@ def compose(header, run, started):
     elif outcome.get("exception"):
         exc = outcome["exception"]
         error("crashed", exc["type"], exc["message"], exc["traceback"])
+        result["summary"] = "crashed: " + exception_line(exc)
     else:
         doc = outcome.get("doc")
         if not isinstance(doc, dict):

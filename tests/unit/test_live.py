@@ -83,6 +83,7 @@ print("step 2: done")
             "step 2: done\n"
             "TARGETS  STATUS  SUMMARY\n"
             "local    ok      exit 0\n"
+            "  output: shown above as it ran (--json/--save keep it)\n"
             "\n"
             "1 ok\n")
         assert cursor_visible(screen)
@@ -136,10 +137,20 @@ def test_several_targets_show_one_live_line_each_then_only_the_table(work):
         release(work, "alpha")
         release(work, "gamma-with-a-long-name")
         assert screen.wait_exit() == 2
+        # the table (item 1: each group's stderr tail under it; the terminal wraps at 72)
         assert screen.text() == (
             "TARGETS                       STATUS  SUMMARY\n"
             "beta                          fail    exit 1\n"
+            "  stderr:\n"
+            "        INFO:loader:\\x1b]0;pwned\\x07 weights xxxxxxxxxxxxxxxxxxxxxxxxxxx\n"
+            + "x" * 72 + "\n"
+            "x\n"
+            "        WARNING:loader:beta: cache miss\n"
             "alpha,gamma-with-a-long-name  ok      exit 0\n"
+            "  output of alpha (gamma-with-a-long-name differs; --json/--save has eac\n"
+            "h):\n"
+            "  stderr:\n"
+            "        INFO:loader:loading shard 1 of 2\n"
             "\n"
             "2 ok · 1 fail\n")
         assert cursor_visible(screen)
@@ -191,7 +202,12 @@ def test_on_pipes_no_progress_byte_at_all(work):
     assert r.stderr == ""
     assert r.stdout == ("TARGETS  STATUS  SUMMARY\n"
                         "beta     fail    exit 1\n"
+                        "  stderr:\n"
+                        "        INFO:loader:\\x1b]0;pwned\\x07 weights " + "x" * 100 + "\n"
+                        "        WARNING:loader:beta: cache miss\n"
                         "alpha    ok      exit 0\n"
+                        "  stderr:\n"
+                        "        INFO:loader:loading shard 1 of 2\n"
                         "\n"
                         "1 ok · 1 fail\n")
 

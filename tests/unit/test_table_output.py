@@ -80,8 +80,10 @@ local    fail    exit 1: RuntimeError: disk full on /scratch
 
 
 def test_run_script_output_on_a_real_terminal(tmp_path):
-    """The same table as a user sees it in a terminal (tmux): statuses painted, the script's
-    own text never (its lines are inert)."""
+    """As a user sees it in a terminal (tmux). One target: the script's output streamed live
+    (item 2) stays above the table, whole and inert, and the table points at it instead of
+    repeating it. Two targets: nothing streams, the table shows each tail; statuses painted,
+    the script's own text never."""
     from tests.terminal import mldiag_screen
     (tmp_path / "thirty.py").write_text(THIRTY.replace('print(f"line {i} of stdout")',
                                                        'print(f"\\x1b[32mline {i}\\x1b[0m of stdout")'))
@@ -90,9 +92,33 @@ def test_run_script_output_on_a_real_terminal(tmp_path):
                        height=50) as screen:
         assert screen.wait_exit() == 2
         shown, painted = screen.text(), screen.text(escapes=True)
-    assert stable(shown) == """\
-TARGETS  STATUS  SUMMARY
+    above, table = stable(shown).split("TARGETS  STATUS  SUMMARY\n")
+    assert table == """\
 local    fail    exit 1: RuntimeError: disk full on /scratch
+  output: shown above as it ran (--json/--save keep it)
+
+1 fail
+"""
+    lines = above.splitlines()
+    stdout = [line for line in lines if line.endswith("of stdout")]
+    assert stdout == [f"\\x1b[32mline {i}\\x1b[0m of stdout" for i in range(1, 31)]
+    assert [line for line in lines if "on stderr" in line] == [f"warning {i} on stderr" for i in (1, 2, 3)]
+    tb = lines.index("Traceback (most recent call last):")
+    assert lines[tb + 3:tb + 6] == ['  File "RUN/thirty.py", line 6, in <module>',
+                                    '    raise RuntimeError("disk full on /scratch")',
+                                    "RuntimeError: disk full on /scratch"]
+    assert len(lines) == 30 + 3 + 6
+    assert all("\x1b[" not in line for line in painted.splitlines()
+               if "of stdout" in line or "stderr" in line)
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  box1: {local: true}\n  box2: {local: true}\n")
+    with mldiag_screen("run-script", "thirty.py", "-H", "box1,box2", cwd=str(tmp_path), env=env,
+                       width=100, height=50) as screen:
+        assert screen.wait_exit() == 2
+        shown, painted = screen.text(), screen.text(escapes=True)
+    assert stable(shown) == """\
+TARGETS   STATUS  SUMMARY
+box[1-2]  fail    exit 1: RuntimeError: disk full on /scratch
   stdout:
         … 20 more lines: --json/--save
 """ + "".join(f"        \\x1b[32mline {i}\\x1b[0m of stdout\n" for i in range(21, 31)) + """\
@@ -108,7 +134,7 @@ local    fail    exit 1: RuntimeError: disk full on /scratch
             raise RuntimeError("disk full on /scratch")
         RuntimeError: disk full on /scratch
 
-1 fail
+2 fail
 """
     assert "fail" in painted.splitlines()[1] and "\x1b[" in painted.splitlines()[1]
     assert all("\x1b[" not in line for line in painted.splitlines()[2:-2])
@@ -313,3 +339,38 @@ def test_output_blocks_take_any_json_and_stay_inert(stdout, stderr, exc, error):
     render_table(results, out)
     text = out.getvalue()
     assert [m.group(0) for m in UNSAFE.finditer(text) if m.group(0) != "\n"] == []
+
+
+def test_run_script_that_times_out_still_shows_what_it_printed(tmp_path):
+    """A script killed at its timeout: its output is the clue to where it hung (the runtime
+    used to drop it from the result)."""
+    (tmp_path / "hang.py").write_text(
+        "import sys, time\nprint('loading shard 3 of 8', flush=True)\n"
+        "print('NCCL WARN waiting for rank 2', file=sys.stderr, flush=True)\ntime.sleep(60)\n")
+    r = run(tmp_path, "run-script", "hang.py", "--timeout", "1")
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == """\
+TARGETS  STATUS  SUMMARY
+local    error   timeout: diagnostic ran past the 1 s timeout; killed 1 process(es)
+  stdout:
+        loading shard 3 of 8
+  stderr:
+        NCCL WARN waiting for rank 2
+
+1 error (timeout)
+"""
+    doc = json.loads(run(tmp_path, "run-script", "hang.py", "--timeout", "1", "--json").stdout)[0]
+    assert doc["data"]["stdout"] == "loading shard 3 of 8\n" and doc["error"]["stderr"] is None
+
+
+@pytest.mark.parametrize("raised, said", [
+    ("RuntimeError()", "RuntimeError (empty message)"),
+    ("RuntimeError('')", "RuntimeError (empty message)"),
+    ("KeyError('')", "KeyError: ''"),
+    ("ValueError('bad shard 3')", "ValueError: bad shard 3"),
+])
+def test_run_script_summary_names_an_empty_message_as_such(tmp_path, raised, said):
+    (tmp_path / "boom.py").write_text(f"raise {raised}\n")
+    r = run(tmp_path, "run-script", "boom.py")
+    assert r.returncode == 2, r.stderr
+    assert r.stdout.splitlines()[1] == f"local    fail    exit 1: {said}"
