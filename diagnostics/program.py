@@ -200,7 +200,7 @@ def root_help(collection) -> str:
         _wrap("With none of them, the only target is 'local' (this machine). Without -H/-g a "
               "task runs on the file's defaults.targets (default: local). `mldiag hosts` lists "
               "the targets and names the file it read."),
-        _wrap(f"Here and now: {origin.describe()}."),
+        f"Here and now: {origin.describe()}\n",   # unwrapped: a path is never cut
         "\nExit codes: 0 ok, 1 warn, 2 fail, 3 error (a target could not be checked), 4 bad "
         "input, 130 interrupted.\n",
         "\nOther options:\n",

@@ -9,7 +9,7 @@ import json as jsonlib
 import os
 import sys
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
@@ -19,12 +19,6 @@ from .outcome import Outcome
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
 SHORT_FLAGS = {"host": "H", "group": "g", "code": "c"}
-# Repeatable flags whose values are compared with the raw command line (``cmdline``): Invoke
-# raises no error when the value of a second -H (or any --arg) is one of the task's flags.
-# --arg is left out of get_arguments' reset below, so that even its first value is checked
-# here (exit 4 with a pointer to `--`) rather than failing in Invoke's parser (exit 1 under inv).
-CHECKED_BY_TASK = ("arg",)
-
 # The argv this process was started with; program.py sets it (``mldiag``), else sys.argv (``inv``).
 COMMAND_LINE: Optional[List[str]] = None
 
@@ -94,7 +88,10 @@ class MldiagTask(Task):
     def check_command_line(self, kwargs: Dict) -> None:
         """Bad input (exit 4), never a silent change of the run: a value of a repeatable flag
         that Invoke read as a flag of its own (``--arg=--json`` turning on --json), a
-        repeatable flag given last without a value, ``--`` on a task that passes nothing on."""
+        repeatable flag given without a value (``-H`` last: Invoke starts a list flag with the
+        value ``[]``, which its own check takes for a value, so a bare ``-H`` ran on the
+        default targets), ``--`` on a task that passes nothing on. Checked here, not in
+        Invoke's parser, so that ``inv`` says the same as ``mldiag`` (exit 4)."""
         body, rest = cmdline.split_remainder(command_line()[1:])
         flags = self.flags()
         segment = cmdline.task_segment(body, self.names(), flags)
@@ -112,23 +109,11 @@ class MldiagTask(Task):
                 raise InputError(self.lost_value_message(flag, lost[0]))
 
     def lost_value_message(self, flag: cmdline.Flag, value: Optional[str]) -> str:
-        spelled = flag.spellings[-1] if flag.short else flag.spellings[0]
+        named = flag.spellings[0] + (f" ({flag.spellings[1]})" if flag.short else "")
         if value is None:
-            return f"{spelled} needs a value"
-        return (f"{spelled} {value!r}: {value!r} was read as a flag of {self.names()[0]}, not "
-                f"as the value of {flag.spellings[0]} (give it as {flag.spellings[0]}=VALUE "
-                f"only where VALUE is not one of the task's flags)")
-
-    def get_arguments(self, *args, **kwargs):
-        """A repeatable flag (``-H``, ``--put``, ...) given last with no value is Invoke's
-        "needed value" parse error, as for any other flag: Invoke starts list flags with a raw
-        value of ``[]``, which its own check takes for a value, so a bare ``-H`` ran on the
-        default targets. (CHECKED_BY_TASK's flags are checked by ``check_command_line``.)"""
-        arguments = super().get_arguments(*args, **kwargs)
-        for argument in arguments:
-            if argument.kind is list and argument.name not in CHECKED_BY_TASK:
-                argument.raw_value = None
-        return arguments
+            return f"{named} needs a value"
+        return (f"{named} {value!r}: Invoke reads {value!r} as one of {self.names()[0]}'s own "
+                f"flags, not as a value of {flag.spellings[0]}")
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -214,10 +199,19 @@ def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote
                        no_color=no_color)
 
 
+def _core_flag_spellings() -> frozenset:
+    from invoke import Program
+    core = Program()
+    return frozenset(("--" if len(n) > 1 else "-") + n
+                     for a in core.core_args() + core.task_args() for n in a.names)
+
+
 def _not_a_flag(task_name: str, what: str, value: str) -> None:
-    """Invoke hands a task's positional the first word it does not know, ``--help`` included
-    (``mldiag TASK --help`` shows the help before this is reached; ``inv`` does not)."""
-    if value.startswith("-") and value != "-":
+    """Invoke fills a task's missing positional before it looks at its own core flags, so
+    ``scan-log --help`` would scan a log named --help (``mldiag TASK --help`` shows the help
+    before this is reached; ``inv`` does not). Any other value starting with '-' is the
+    user's (``--path=-odd.log``)."""
+    if value in _core_flag_spellings():
         raise InputError(f"{value!r} is not a {what} (help: `mldiag {task_name} --help` or "
                          f"`inv --help {task_name}`; a {what} starting with '-': ./{value})")
 
