@@ -5,12 +5,11 @@ help, and colour on a terminal only."""
 
 import json
 import os
-import textwrap
 
 import pytest
 
 from diagnostics import cmdline, topology
-from tests.programs import REPO, inv, mldiag, ok
+from tests.programs import inv, mldiag, ok
 from tests.terminal import run_on_screen
 
 # Values a shell hands over as they are and a careless layer would change.
