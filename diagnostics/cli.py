@@ -237,12 +237,13 @@ def internal_error(exc: BaseException) -> str:
             f"{redact_text(str(exc))}\nmldiag: full traceback in {path}")
 
 
-def show_hosts(opts: Options, *, out: TextIO = None) -> None:
-    """``hosts``: each target and its hop chain, then which hosts file was read (or where mldiag
-    looked) and the targets a task runs on without -H/-g; InputError for a bad hosts.yaml or
-    selection (or an ssh_config that ``ssh -G`` refuses)."""
+def show_hosts(opts: Options, *, out: TextIO = None, note: TextIO = None) -> None:
+    """``hosts``: each target and its hop chain on ``out``; on ``note`` (stderr) which hosts file
+    was read (or where mldiag looked) and the targets a task runs on without -H/-g, so the
+    table on stdout stays the data alone. InputError for a bad hosts.yaml or selection (or an
+    ssh_config that ``ssh -G`` refuses)."""
     from .hops import describe_targets
-    out = out or sys.stdout
+    out, note = out or sys.stdout, note or sys.stderr
     topo = topology.load(opts.hosts_file)
     targets = _select(topo, opts.host, opts.group) \
         if (opts.host or opts.group) else list(topo.targets.values())
@@ -252,6 +253,7 @@ def show_hosts(opts: Options, *, out: TextIO = None) -> None:
         out.write("\n")
     else:
         render.render_hosts(rows, out)
-        defaults = topology.fold_names(topo.default_targets)
-        render.emit(out, f"\n{topo.origin.describe()}\nwithout -H/-g: {defaults}"
-                         f"{' (defaults.targets)' if topo.default_targets_given else ''}\n")
+    out.flush()
+    defaults = topology.fold_names(topo.default_targets)
+    render.emit(note, f"mldiag: {topo.origin.describe()}\nmldiag: without -H/-g: {defaults}"
+                      f"{' (defaults.targets)' if topo.default_targets_given else ''}\n")

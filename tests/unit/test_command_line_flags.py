@@ -181,9 +181,19 @@ def test_the_users_own_hosts_file_is_found_from_any_directory(tmp_path, xdg):
     env = bare_env(tmp_path, **({"XDG_CONFIG_HOME": str(config)} if xdg else {}))
     assert json.loads(ok(mldiag("ping", "-H", "trainbox", "--json", cwd=elsewhere, env=env))
                       )[0]["target"] == "trainbox"
-    shown = ok(mldiag("hosts", cwd=elsewhere, env=env))
-    assert shown.endswith(f"\nhosts file: {config}/mldiag/hosts.yaml (from user config)\n"
-                          "without -H/-g: local\n")
+    r = mldiag("hosts", cwd=elsewhere, env=env)
+    assert ok(r) == "TARGET    CHAIN\nlocal     local → python3\ntrainbox  local → python3\n"
+    assert r.stderr == (f"mldiag: hosts file: {config}/mldiag/hosts.yaml (from user config)\n"
+                        "mldiag: without -H/-g: local\n")
+
+
+@pytest.mark.parametrize("name", ["mldiag", "inv"])
+def test_hosts_names_the_file_it_read_on_stderr(name, tmp_path):
+    (tmp_path / "h.yaml").write_text(DEFAULTS)
+    r = program(name)("hosts", "--hosts-file", tmp_path / "h.yaml", "--json")
+    assert [row["name"] for row in json.loads(ok(r))] == ["local", "trainbox"]
+    assert r.stderr == (f"mldiag: hosts file: {tmp_path}/h.yaml (from --hosts-file)\n"
+                        "mldiag: without -H/-g: local,trainbox (defaults.targets)\n")
 
 
 def test_the_lookup_order(tmp_path, monkeypatch):
