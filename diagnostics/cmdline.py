@@ -39,8 +39,7 @@ class Flag:
         return (f"--{self.name}",) + ((f"-{self.short}",) if self.short else ())
 
 
-def task_segment(body: Sequence[str], task_names: Sequence[str],
-                 flags: Sequence[Flag]) -> Optional[List[str]]:
+def task_segment(body: Sequence[str], task_names: Sequence[str]) -> Optional[List[str]]:
     """The tokens after the task's name in ``body`` (None when the name is not there: the task
     was not started from this command line, e.g. called in a test)."""
     body = list(body)

@@ -28,7 +28,8 @@ def command_line() -> List[str]:
 
 
 class MldiagTask(Task):
-    """A Task whose only short flags are the ones in SHORT_FLAGS."""
+    """A Task whose only short flags are the ones in SHORT_FLAGS, and whose repeatable flags
+    are checked against the raw command line before it runs (``check_command_line``)."""
 
     # a task that hands what follows `--` to something (run-script: to the script)
     takes_remainder = False
@@ -77,7 +78,7 @@ class MldiagTask(Task):
         """The tokens after ``--`` on this task's command line, byte for byte (None: no ``--``,
         or the task was not started from a command line)."""
         body, rest = cmdline.split_remainder(command_line()[1:])
-        if cmdline.task_segment(body, self.names(), self.flags()) is None:
+        if cmdline.task_segment(body, self.names()) is None:
             return None
         return rest
 
@@ -94,7 +95,7 @@ class MldiagTask(Task):
         Invoke's parser, so that ``inv`` says the same as ``mldiag`` (exit 4)."""
         body, rest = cmdline.split_remainder(command_line()[1:])
         flags = self.flags()
-        segment = cmdline.task_segment(body, self.names(), flags)
+        segment = cmdline.task_segment(body, self.names())
         if segment is None:
             return
         if rest is not None and not self.takes_remainder:
