@@ -36,6 +36,7 @@ class Options:
     timeout: Optional[str] = None
     keep_remote: bool = False
     diff: bool = False
+    no_color: bool = False
 
 
 def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = False) -> Optional[float]:
@@ -50,9 +51,35 @@ def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = Fa
     return int(text) if integer else float(text)
 
 
-def select_targets(opts: Options) -> List[Target]:
+def select_targets(opts: Options, *, note: Optional[TextIO] = None) -> List[Target]:
+    """The targets of ``-H``/``-g``, else hosts.yaml's ``defaults.targets``: said on ``note``
+    (default stderr) when it is a terminal and the file names them, so a run on a fleet
+    nobody named is never a surprise. An unknown target or group names the hosts file read,
+    or where mldiag looked for one."""
     topo = topology.load(opts.hosts_file)
-    return topo.select(_split(opts.host), _split(opts.group, "--group"))
+    targets = _select(topo, opts.host, opts.group)
+    note = note if note is not None else sys.stderr
+    if not (opts.host or opts.group) and topo.default_targets_given and _isatty(note):
+        note.write(f"mldiag: no -H/-g: running on defaults.targets from "
+                   f"{os.path.abspath(topo.path)}: {topology.fold_names(topo.default_targets)}\n")
+        note.flush()
+    return targets
+
+
+def _select(topo: topology.Topology, host: Sequence[str], group: Sequence[str]) -> List[Target]:
+    try:
+        return topo.select(_split(host), _split(group, "--group"))
+    except InputError as exc:
+        if not exc.reason.startswith(("unknown target", "unknown group")):
+            raise
+        raise InputError(f"{exc}\nmldiag: {topo.origin.describe()}") from None
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _split(values: Sequence[str], flag: str = "--host") -> List[str]:
@@ -79,15 +106,31 @@ def _read_local(flag: str, path: str) -> bytes:
 
 def script_file_job(path: str, argv: Sequence[str], puts: Sequence[str]) -> Job:
     """``run-script``: the user's script and its ``--put`` files, all inside the bundle."""
-    source = _read_local("run-script", path)
+    return script_code_job(os.path.basename(path), _read_local("run-script", path), argv, puts)
+
+
+def script_code_job(name: str, source: bytes, argv: Sequence[str], puts: Sequence[str]) -> Job:
+    """``run-script`` with the script's bytes in hand: a file's, ``-c CODE``'s (named ``-c``)
+    or stdin's (named ``-``); shipped in the bundle as a file of that name either way."""
     extra = {}
     for put in puts:
-        name = os.path.basename(put)
-        if name in extra or name == os.path.basename(path):
-            raise InputError(f"--put {put}: two uploaded files would be named {name!r}")
-        extra[name] = _read_local("--put", put)
-    return Job(diagnostic="run-script", script_name=os.path.basename(path), script_source=source,
+        base = os.path.basename(put)
+        if base in extra or base == name:
+            raise InputError(f"--put {put}: two uploaded files would be named {base!r}")
+        extra[base] = _read_local("--put", put)
+    return Job(diagnostic="run-script", script_name=name, script_source=source,
                argv=tuple(argv), mode="script", extra_files=extra)
+
+
+def read_stdin(what: str) -> bytes:
+    """The script piped to ``run-script -`` (as ``python -`` reads it: to the end)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise InputError(f"{what}: no standard input to read the script from")
+    try:
+        return stream.read()
+    except OSError as exc:
+        raise InputError(f"{what}: cannot read standard input: {exc.strerror or exc}")
 
 
 def save_result(save: SaveDir, result: Result) -> None:
@@ -183,7 +226,8 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         # NOTE: one target's run-script output went to the terminal as it ran; when the table
         # goes to that terminal too it is not shown twice (to a file it is: nothing is above it).
         streamed = [targets[0].name] if progress.passed_through and _isatty(out) else []
-        render.render_table(results, out, details=details, color=render.wants_color(out),
+        render.render_table(results, out, details=details,
+                            color=render.wants_color(out, no_color=opts.no_color),
                             streamed=streamed)
     out.flush()
     return Outcome(results, exit_code(results))
@@ -208,13 +252,15 @@ def internal_error(exc: BaseException) -> str:
             f"{redact_text(str(exc))}\nmldiag: full traceback in {path}")
 
 
-def show_hosts(opts: Options, *, out: TextIO = None) -> None:
-    """``hosts``: each target and its hop chain; InputError for a bad hosts.yaml or selection
-    (or an ssh_config that ``ssh -G`` refuses)."""
+def show_hosts(opts: Options, *, out: TextIO = None, note: TextIO = None) -> None:
+    """``hosts``: each target and its hop chain on ``out``; on ``note`` (stderr) which hosts file
+    was read (or where mldiag looked) and the targets a task runs on without -H/-g, so the
+    table on stdout stays the data alone. InputError for a bad hosts.yaml or selection (or an
+    ssh_config that ``ssh -G`` refuses)."""
     from .hops import describe_targets
-    out = out or sys.stdout
+    out, note = out or sys.stdout, note or sys.stderr
     topo = topology.load(opts.hosts_file)
-    targets = topo.select(_split(opts.host), _split(opts.group, "--group")) \
+    targets = _select(topo, opts.host, opts.group) \
         if (opts.host or opts.group) else list(topo.targets.values())
     rows = list(zip([t.name for t in targets], describe_targets(targets)))
     if opts.json:
@@ -222,3 +268,7 @@ def show_hosts(opts: Options, *, out: TextIO = None) -> None:
         out.write("\n")
     else:
         render.render_hosts(rows, out)
+    out.flush()
+    defaults = topology.fold_names(topo.default_targets)
+    render.emit(note, f"mldiag: {topo.origin.describe()}\nmldiag: without -H/-g: {defaults}"
+                      f"{' (defaults.targets)' if topo.default_targets_given else ''}\n")

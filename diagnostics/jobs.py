@@ -31,10 +31,15 @@ class Arg:
     kind: str = "text"           # text | int | bool (a flag without value) | model
     choices: Tuple[str, ...] = ()
     required: bool = False
+    metavar: str = ""            # the value's name in help (``--lines=N``); default by kind
 
     @property
     def script_flag(self) -> str:
         return self.flag or f"--{self.name}"
+
+    @property
+    def value_name(self) -> str:
+        return self.metavar or {"int": "N", "model": "MODEL"}.get(self.kind, "VALUE")
 
 
 @dataclass(frozen=True)
@@ -54,42 +59,46 @@ MODEL = Arg("model", "model directory on the target, or a name from the target's
 
 
 def _expect_gpus(target: Target) -> List[str]:
-    return ["--expect-gpus", str(target.gpus)] if target.gpus is not None else []
+    return [f"--expect-gpus={target.gpus}"] if target.gpus is not None else []
 
 
 TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("ping", "check every layer: ssh, jump, sudo, container, interpreter, temp dir"),
     TaskSpec("gpu-status", "per GPU: memory, utilisation, ECC/remap health, throttling, processes",
              (Arg("kernel-log-file", "scan this file on the target (a saved dmesg) for Xid lines "
-                                     "instead of the live kernel log"),
+                                     "instead of the live kernel log", metavar="FILE"),
               Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
                                  "free)", kind="bool")),
              target_argv=_expect_gpus),
     TaskSpec("check-attn", "requested vs resolved attention per module, layer types, fast kernels",
              (MODEL,
               Arg("attn-implementation", "request this implementation (eager, sdpa, "
-                                         "flash_attention_2, ...)"),
+                                         "flash_attention_2, ...)", metavar="NAME"),
               Arg("model-class", "build this transformers class instead of the checkpoint's "
-                                 "architectures"))),
+                                 "architectures", metavar="CLASS"))),
     TaskSpec("env-report", "python, torch, driver, ML package versions, env vars; drift",
-             (Arg("imports", "packages to import as well: comma list, 'all' or 'none'"),
-              Arg("packages", "extra distribution names to report, comma separated"))),
+             (Arg("imports", "packages to import as well: comma list, 'all' or 'none'",
+                  metavar="LIST"),
+              Arg("packages", "extra distribution names to report, comma separated",
+                  metavar="LIST"))),
     TaskSpec("extract-smoke", "hidden-state extraction smoke test",
              (MODEL,
               Arg("layers", "hidden_states ids to capture, e.g. 2,16,29 (default: 2, N//2, N-3 "
-                            "and N)"),
+                            "and N)", metavar="IDS"),
               Arg("samples", "number of built-in prompts (or lines of --data) to prefill "
                              "(default 3)", kind="int"),
-              Arg("data", "JSONL file on the target with a 'text' or 'prompt' field per line"),
+              Arg("data", "JSONL file on the target with a 'text' or 'prompt' field per line",
+                  metavar="FILE"),
               Arg("backend", "auto | transformers | vllm (vllm: untested on a real GPU so far)",
-                  choices=("auto", "transformers", "vllm")),
+                  choices=("auto", "transformers", "vllm"), metavar="BACKEND"),
               Arg("max-tokens", "truncate each sample to at most N tokens (default 64)",
                   kind="int"),
-              Arg("device", "auto | cpu | cuda", choices=("auto", "cpu", "cuda")),
+              Arg("device", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"),
+                  metavar="DEVICE"),
               Arg("dtype", "auto | float32 | bfloat16 | float16",
-                  choices=("auto", "float32", "bfloat16", "float16")))),
+                  choices=("auto", "float32", "bfloat16", "float16"), metavar="DTYPE"))),
     TaskSpec("scan-log", "classify a remote log: tracebacks, empty errors, NaN, OOM, NCCL, Xid",
-             (Arg("path", "log file on the target", required=True),
+             (Arg("path", "log file on the target", required=True, metavar="PATH"),
               Arg("lines", "scan the last N lines (default 2000)", kind="int"))),
 )}
 
@@ -112,7 +121,7 @@ def model_argv(target: Target, model: Optional[str]) -> List[str]:
     if not path:
         raise TargetInputError(f"{target.name}: no --model given and the target has no models: "
                                "entry in hosts.yaml")
-    return ["--model", path]
+    return [f"--model={path}"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,8 +150,8 @@ def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundl
                 continue
             elif arg.kind == "bool":
                 argv.append(arg.script_flag)
-            else:
-                argv += [arg.script_flag, str(value)]
+            else:   # one token, --flag=VALUE: a value starting with '-' is never a flag
+                argv.append(f"{arg.script_flag}={value}")
         return replace(base, argv=tuple(argv + spec.target_argv(target)))
 
     return job

@@ -1,44 +1,246 @@
 """The ``mldiag`` console script: Invoke's Program over the same namespace.
 
 Invoke exits 1 on its own parse errors (an unknown flag); here they are bad input: exit 4.
+
+Invoke's core flags that only steer Invoke's own shell commands (``--echo``, ``--dry``,
+``--warn-only``, ``--pty``, ``--hide``, ``--command-timeout``, ``--prompt-for-sudo-password``,
+``--config``, ``--write-pyc``, ``--debug``, the list formats) are not mldiag's: no task runs a
+command through Invoke, so each would be accepted and do nothing — or worse, read as a promise
+(``-R/--dry`` is no dry run: the diagnostics would run; ``-T 5`` is no timeout: ``--timeout``
+is). They are left out of the parser, so ``mldiag`` refuses them (exit 4, saying what to use
+instead) and its help does not list them. ``inv`` is Invoke's own front end and keeps them.
 """
 
+import inspect
 import re
+import shutil
+import textwrap
+from typing import List, Optional, Sequence, Tuple
 
 from invoke import Exit, Program
 from invoke.parser import ParseError
 
-from . import __version__
+from . import __version__, tasks, topology
 from .errors import EXIT_BAD_INPUT
-from .tasks import ns
+from .tasks import COMMON_HELP, USAGE, metavar, ns
 
 
 # Invoke words a flag given without its value as "Flag <Argument: host (H) [list]> needed value
 # and was not given one!": said here with the flag as the user typed it.
 _NEEDED_VALUE = re.compile(r"Flag <Argument: ([A-Za-z0-9_]+)(?: \(([^)]*)\))?[^>]*> needed value")
+_UNKNOWN = re.compile(r"No idea what '(.*)' is!$", re.S)
+_MISSING_POSITIONAL = re.compile(r"'([a-z-]+)' did not receive required positional arguments")
+
+# Invoke core flags mldiag refuses (see the module docstring), each with what to use instead.
+NOT_MLDIAG = {
+    "command-timeout": "--timeout SECONDS bounds a diagnostic on its target",
+    "config": "mldiag reads no Invoke config file; targets and settings are in the hosts file "
+              "(--hosts-file FILE)",
+    "debug": "set INVOKE_DEBUG=1 for Invoke's parser log",
+    "dry": "there is no dry run; `mldiag hosts` shows each target's chain without connecting",
+    "echo": "mldiag runs no shell commands through Invoke",
+    "hide": "mldiag runs no shell commands through Invoke",
+    "list-depth": "`mldiag --list` lists every task",
+    "list-format": "`mldiag --list` lists every task",
+    "prompt-for-sudo-password": "sudo on a target is `become: sudo` in the hosts file "
+                                "(non-interactive sudo -n)",
+    "pty": "mldiag runs no shell commands through Invoke",
+    "warn-only": "the exit code is the worst status (0 ok, 1 warn, 2 fail, 3 error)",
+    "write-pyc": "mldiag runs no shell commands through Invoke",
+}
+COMMON_ORDER = ("host", "group", "hosts-file", "json", "save", "parallel", "timeout",
+                "keep-remote", "diff", "no-color")
+HELP_FLAGS = ("-h", "--help")
 
 
-def parse_error_message(exc: ParseError) -> str:
-    found = _NEEDED_VALUE.search(str(exc))
-    if not found:
-        return f"mldiag: {exc}"
-    name, short = found.group(1).replace("_", "-").strip("-"), found.group(2)
-    flags = f"--{name}" + (f" (-{short})" if short and len(short) == 1 else "")
-    return f"mldiag: {flags} needs a value"
+def parse_error_message(exc: ParseError, refused: Sequence[Tuple[str, str]] = ()) -> str:
+    text = str(exc)
+    found = _NEEDED_VALUE.search(text)
+    if found:
+        name, short = found.group(1).replace("_", "-").strip("-"), found.group(2)
+        flags = f"--{name}" + (f" (-{short})" if short and len(short) == 1 else "")
+        return f"mldiag: {flags} needs a value"
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        for spelling, name in refused:
+            if unknown.group(1) == spelling or unknown.group(1).startswith(spelling + "="):
+                return (f"mldiag: {spelling} is one of Invoke's options, which mldiag does not "
+                        f"take: {NOT_MLDIAG[name]}")
+    missing = _MISSING_POSITIONAL.search(text)
+    if missing and missing.group(1) in USAGE:
+        task = missing.group(1)
+        return f"mldiag: {text} (usage: mldiag {task} [options] {USAGE[task]})"
+    return f"mldiag: {text}"
 
 
 class MldiagProgram(Program):
+    def core_args(self):
+        return [a for a in super().core_args() if a.name not in NOT_MLDIAG]
+
+    def _refused_core(self):
+        return [a for a in super().core_args() if a.name in NOT_MLDIAG]
+
+    @property
+    def args(self):
+        """The parsed core flags, with Invoke's refused ones present at their defaults (Invoke's
+        own steps read them by name)."""
+        parsed = self.core[0].args
+        for argument in self._refused_core():
+            if argument.name not in parsed:
+                parsed[argument.name] = argument
+        return parsed
+
+    def refused_spellings(self) -> List[Tuple[str, str]]:
+        return [(("--" if len(n) > 1 else "-") + n, a.name)
+                for a in self._refused_core() for n in a.names]
+
     def parse_core(self, argv):
         try:
             super().parse_core(argv)
         except ParseError as exc:
-            raise Exit(parse_error_message(exc), code=EXIT_BAD_INPUT)
+            raise Exit(parse_error_message(exc, self.refused_spellings()), code=EXIT_BAD_INPUT)
+        tasks.COMMAND_LINE = list(self.argv)
 
     def parse_tasks(self):
         try:
             super().parse_tasks()
         except ParseError as exc:
-            raise Exit(parse_error_message(exc), code=EXIT_BAD_INPUT)
+            raise Exit(parse_error_message(exc, self.refused_spellings()), code=EXIT_BAD_INPUT)
+        # `mldiag scan-log --help`: Invoke fills a missing positional before it looks at the
+        # core flags, so the task would run with the path "--help"
+        for context in self.tasks:
+            if any(a.value in HELP_FLAGS for a in context.positional_args):
+                self.args.help.value = context.name
+
+    # ------------------------------------------------------------------------------ help
+
+    def print_help(self) -> None:
+        print(root_help(self.collection), end="")
+
+    def list_tasks(self) -> None:
+        print("Tasks:\n" + _rows([(n, _first_line(self.collection[n]))
+                                  for n in self.collection.tasks]), end="")
+
+    def print_task_help(self, name: str) -> None:
+        print(task_help(name, self.collection[name], self.parser.contexts[name]), end="")
+
+
+def _width() -> int:
+    return max(60, min(shutil.get_terminal_size((80, 24)).columns, 100))
+
+
+def _rows(rows: Sequence[Tuple[str, str]], indent: int = 2) -> str:
+    """Two columns: the flag or name, then its help wrapped beside it (on the next line when
+    the name is too wide)."""
+    width = _width()
+    column = min(max(len(name) for name, _ in rows), 26) + indent + 2
+    out = []
+    for name, text in rows:
+        lines = textwrap.wrap(text, width - column) or [""]
+        if len(name) + indent + 2 > column:
+            out.append(" " * indent + name)
+        else:
+            first = lines.pop(0)
+            out.append((" " * indent + name).ljust(column) + first)
+        out.extend(" " * column + line for line in lines)
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, _width(), initial_indent=indent, subsequent_indent=indent) + "\n"
+
+
+def flag_spec(task_name: str, arg: str, takes_value: bool, short: Optional[str]) -> str:
+    """``-H NAME, --host=NAME``; ``--json``."""
+    flag = arg.strip("_").replace("_", "-")
+    if not takes_value:
+        return (f"-{short}, " if short else "") + f"--{flag}"
+    value = metavar(task_name, flag)
+    return (f"-{short} {value}, " if short else "") + f"--{flag}={value}"
+
+
+def _first_line(task) -> str:
+    doc = inspect.getdoc(task) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def common_rows(task_name: str = "", names: Sequence[str] = COMMON_ORDER,
+                helps: Optional[dict] = None) -> List[Tuple[str, str]]:
+    helps = helps or COMMON_HELP
+    takes_value = {"host", "group", "hosts-file", "save", "parallel", "timeout"}
+    return [(flag_spec(task_name, n, n in takes_value, tasks.SHORT_FLAGS.get(n)), helps[n])
+            for n in COMMON_ORDER if n in names]
+
+
+HOSTS_FILE_HELP = """\
+The hosts file names the targets and how to reach them; mldiag reads the first it finds of
+  1. --hosts-file FILE
+  2. $MLDIAG_HOSTS_FILE
+  3. ./hosts.yaml (in the current directory)
+  4. $XDG_CONFIG_HOME/mldiag/hosts.yaml (~/.config/mldiag/hosts.yaml when that is unset)
+"""
+
+
+def root_help(collection) -> str:
+    names = list(collection.tasks)   # as ns lists them: hosts, ping, gpu-status, ...
+    origin = topology.find_hosts_file()
+    parts = [
+        "Usage: mldiag TASK [options]   run TASK on the targets -H/-g name (else on\n"
+        "                               the hosts file's defaults.targets)\n"
+        "       mldiag TASK --help      TASK's own options\n"
+        "       mldiag --help | --version | --list\n\n",
+        _wrap("Runs prewritten diagnostics on ML machines (this one, SSH hosts, hosts behind a "
+              "jump host, containers on them, Slurm nodes) inside the right Python, and prints "
+              "one result per target."),
+        "\nTasks:\n",
+        _rows([(n, _first_line(collection[n])) for n in names]),
+        "\nCommon options (every task):\n",
+        _rows(common_rows()),
+        "\n", HOSTS_FILE_HELP,
+        _wrap("With none of them, the only target is 'local' (this machine). Without -H/-g a "
+              "task runs on the file's defaults.targets (default: local). `mldiag hosts` lists "
+              "the targets and names the file it read."),
+        f"Here and now: {origin.describe()}\n",   # unwrapped: a path is never cut
+        "\nExit codes: 0 ok, 1 warn, 2 fail, 3 error (a target could not be checked), 4 bad "
+        "input, 130 interrupted.\n",
+        "\nOther options:\n",
+        _rows([("-h [TASK], --help[=TASK]", "this help, or TASK's (the same as mldiag TASK "
+                                            "--help)"),
+               ("-V, --version", "mldiag's version"),
+               ("-l, --list", "the tasks and what each answers"),
+               ("--print-completion-script=SHELL", "tab completion for bash, zsh or fish")]),
+    ]
+    return "".join(parts)
+
+
+def task_help(name: str, task, context) -> str:
+    params = list(inspect.signature(task.body).parameters.values())[1:]
+    own, common = [], []
+    for param in params:
+        flag = param.name.strip("_").replace("_", "-")
+        argument = context.args.get(flag) or context.args.get(param.name)
+        text = (argument.help if argument is not None else "") or ""
+        if flag in COMMON_HELP:
+            common.append(flag)
+            continue
+        spec = flag_spec(name, param.name, not isinstance(param.default, bool),
+                         tasks.SHORT_FLAGS.get(param.name))
+        own.append((spec, text))
+    helps = {f: (context.args[f].help if f in context.args else "") or COMMON_HELP[f]
+             for f in common}
+    usage = f"Usage: mldiag {name} [options]" + (f" {USAGE[name]}" if name in USAGE else "")
+    doc = inspect.getdoc(task) or ""
+    parts = [usage + "\n\n", "".join(_wrap(p.replace("\n", " ")) + "\n"
+                                     for p in doc.split("\n\n") if p.strip())]
+    if own:
+        parts += ["Options:\n", _rows(own), "\n"]
+    parts += ["Common options:\n",
+              _rows(common_rows(name, common, helps) + [("-h, --help", "this help")])]
+    if "hosts-file" in common:
+        parts.append("\n" + _wrap("Hosts file: the first of --hosts-file FILE, "
+                                  "$MLDIAG_HOSTS_FILE, ./hosts.yaml, $XDG_CONFIG_HOME/mldiag/"
+                                  "hosts.yaml (`mldiag --help` says more)."))
+    return "".join(parts)
 
 
 program = MldiagProgram(namespace=ns, version=__version__, name="mldiag", binary="mldiag")

@@ -142,9 +142,13 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None) -> bool:
-    """Statuses in colour only on a terminal, never when ``NO_COLOR`` is set (no-color.org) or
-    ``TERM=dumb``: a pipe, a file or ``--json`` reader gets plain text."""
+def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None, *,
+                no_color: bool = False) -> bool:
+    """Statuses in colour only on a terminal, never with ``--no-color`` (``no_color``), when
+    ``NO_COLOR`` is set (no-color.org) or ``TERM=dumb``: a pipe, a file or ``--json`` reader
+    gets plain text."""
+    if no_color:
+        return False
     env = os.environ if environ is None else environ
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty()) and not env.get("NO_COLOR") and env.get("TERM") != "dumb"

@@ -4,23 +4,35 @@ The engine returns an ``Outcome`` or raises an ``errors.MldiagError``; ``MldiagT
 is the one place either becomes Invoke's ``Exit`` (the process's exit code and stderr).
 """
 
+import inspect
 import json as jsonlib
 import os
+import sys
 
-from typing import Optional
+from typing import Dict, List, Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
-from . import cli, jobs, render, termination
+from . import cli, cmdline, jobs, render, termination
 from .errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
 from .outcome import Outcome
 
 # Invoke would give --host the short flag -h (taken by --help); ours are named, as in Fabric.
-SHORT_FLAGS = {"host": "H", "group": "g"}
+SHORT_FLAGS = {"host": "H", "group": "g", "code": "c"}
+# The argv this process was started with; program.py sets it (``mldiag``), else sys.argv (``inv``).
+COMMAND_LINE: Optional[List[str]] = None
+
+
+def command_line() -> List[str]:
+    return list(COMMAND_LINE if COMMAND_LINE is not None else sys.argv)
 
 
 class MldiagTask(Task):
-    """A Task whose only short flags are the ones in SHORT_FLAGS."""
+    """A Task whose only short flags are the ones in SHORT_FLAGS, and whose repeatable flags
+    are checked against the raw command line before it runs (``check_command_line``)."""
+
+    # a task that hands what follows `--` to something (run-script: to the script)
+    takes_remainder = False
 
     def __init__(self, *args, **kwargs):
         kwargs["auto_shortflags"] = False
@@ -35,6 +47,7 @@ class MldiagTask(Task):
         (``termination``)."""
         with termination.terminates_like_ctrl_c():
             try:
+                self.check_command_line(kwargs)
                 outcome = super().__call__(*args, **kwargs)
             except MldiagError as exc:   # bad input (4); a run interrupted after saving (130 ...)
                 raise Exit(f"mldiag: {exc}", code=exc.exit_code)
@@ -51,16 +64,57 @@ class MldiagTask(Task):
             raise Exit(outcome.stderr_text(), code=outcome.exit_code)
         return outcome
 
-    def get_arguments(self, *args, **kwargs):
-        """A repeatable flag (``-H``, ``--arg``, ...) given last with no value is Invoke's
-        "needed value" parse error, as for any other flag: Invoke starts list flags with a raw
-        value of ``[]``, which its own check takes for a value, so a bare ``-H`` ran on the
-        default targets."""
-        arguments = super().get_arguments(*args, **kwargs)
-        for argument in arguments:
-            if argument.kind is list:
-                argument.raw_value = None
-        return arguments
+    # ------------------------------------------------------------ the raw command line
+
+    def flags(self) -> List[cmdline.Flag]:
+        """This task's flags as the command line spells them (from its signature; Invoke's own
+        Arguments lose their help text when built twice)."""
+        params = list(inspect.signature(self.body).parameters.values())[1:]
+        return [cmdline.Flag(p.name.strip("_").replace("_", "-"), SHORT_FLAGS.get(p.name),
+                             takes_value=not isinstance(p.default, bool),
+                             repeatable=p.name in self.iterable) for p in params]
+
+    def remainder(self) -> Optional[List[str]]:
+        """The tokens after ``--`` on this task's command line, byte for byte (None: no ``--``,
+        or the task was not started from a command line)."""
+        body, rest = cmdline.split_remainder(command_line()[1:])
+        if cmdline.task_segment(body, self.names()) is None:
+            return None
+        return rest
+
+    def names(self) -> List[str]:
+        name = self.name or getattr(self.body, "__name__", "")
+        return [name.replace("_", "-"), name, *self.aliases]
+
+    def check_command_line(self, kwargs: Dict) -> None:
+        """Bad input (exit 4), never a silent change of the run: a value of a repeatable flag
+        that Invoke read as a flag of its own (``--arg=--json`` turning on --json), a
+        repeatable flag given without a value (``-H`` last: Invoke starts a list flag with the
+        value ``[]``, which its own check takes for a value, so a bare ``-H`` ran on the
+        default targets), ``--`` on a task that passes nothing on. Checked here, not in
+        Invoke's parser, so that ``inv`` says the same as ``mldiag`` (exit 4)."""
+        body, rest = cmdline.split_remainder(command_line()[1:])
+        flags = self.flags()
+        segment = cmdline.task_segment(body, self.names())
+        if segment is None:
+            return
+        if rest is not None and not self.takes_remainder:
+            raise InputError(f"`--`: {self.names()[0]} takes no arguments after `--` (only "
+                             f"run-script does, for its script)")
+        for flag in flags:
+            if not flag.repeatable:
+                continue
+            given = [str(v) for v in kwargs.get(flag.name.replace("-", "_")) or ()]
+            lost = cmdline.lost_values(cmdline.written_values(segment, flag, flags), given)
+            if lost:
+                raise InputError(self.lost_value_message(flag, lost[0]))
+
+    def lost_value_message(self, flag: cmdline.Flag, value: Optional[str]) -> str:
+        named = flag.spellings[0] + (f" ({flag.spellings[1]})" if flag.short else "")
+        if value is None:
+            return f"{named} needs a value"
+        return (f"{named} {value!r}: Invoke reads {value!r} as one of {self.names()[0]}'s own "
+                f"flags, not as a value of {flag.spellings[0]}")
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -69,17 +123,70 @@ class MldiagTask(Task):
         return opts
 
 
+class RunScriptTask(MldiagTask):
+    """``run-script``: what follows ``--`` is the script's; ``-c CODE`` stands for the path."""
+    takes_remainder = True
+
+    def get_arguments(self, *args, **kwargs):
+        arguments = super().get_arguments(*args, **kwargs)
+        by_name = {a.name: a for a in arguments}
+        by_name["code"].__class__ = _FillsPositional
+        by_name["code"].fills = by_name["path"]
+        return arguments
+
+    def lost_value_message(self, flag: cmdline.Flag, value: Optional[str]) -> str:
+        if flag.name != "arg":
+            return super().lost_value_message(flag, value)
+        if value is None:
+            return ("--arg needs a value (the script's arguments can also follow `--`: "
+                    "run-script SCRIPT -- ARG...)")
+        return (f"--arg {value!r}: Invoke reads {value!r} as one of run-script's own flags, so "
+                f"the script would not get it. Put the script's arguments after `--` "
+                f"(run-script SCRIPT -- {value} ...) or give them as JSON "
+                f"(--args-json '{jsonlib.dumps([value])}')")
+
+
+class _FillsPositional(Argument):
+    """A flag that stands for a task's positional (``runbook --list`` needs no NAME,
+    ``run-script -c CODE`` no SCRIPT): seeing it fills the positional with ''."""
+    fills: Optional[Argument] = None
+
+    def set_value(self, value, cast=True):
+        super().set_value(value, cast)
+        if value is not None and value is not False and self.fills is not None \
+                and self.fills.value is None:
+            self.fills.set_value("", cast=False)
+
+
 COMMON_HELP = {
     "host": "target name, comma list or node set (gpu[01-04]); repeatable",
-    "group": "group name from hosts.yaml; repeatable",
-    "hosts-file": "hosts file (default: $MLDIAG_HOSTS_FILE, else ./hosts.yaml)",
+    "group": "group name from the hosts file; repeatable",
+    "hosts-file": "the hosts file (default: the first of $MLDIAG_HOSTS_FILE, ./hosts.yaml, "
+                  "$XDG_CONFIG_HOME/mldiag/hosts.yaml; `mldiag hosts` says which)",
     "json": "print the result documents as JSON (nothing else on stdout)",
     "save": "directory to write one JSON file per target plus summary.json",
     "parallel": f"targets run at once (default {32})",
     "timeout": "seconds the diagnostic may run on the target (default: hosts.yaml's, 300)",
     "keep-remote": "keep the remote temp dir for debugging (its path is in the result's data)",
     "diff": "after the table, show only the data fields that differ from the majority of targets",
+    "no-color": "no colour (also off when NO_COLOR is set or the output is not a terminal)",
 }
+# The name of each flag's value in help (``-H NAME, --host=NAME``); Invoke would say STRING.
+COMMON_METAVARS = {"host": "NAME", "group": "GROUP", "hosts-file": "FILE", "save": "DIR",
+                   "parallel": "N", "timeout": "SECONDS"}
+METAVARS: Dict[str, Dict[str, str]] = {
+    **{name: {a.name: a.value_name for a in spec.args} for name, spec in jobs.TASKS.items()},
+    "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
+                   "put": "FILE"},
+    "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
+}
+# A task's positional as its usage line shows it (``mldiag scan-log [options] PATH``).
+USAGE = {"scan-log": "PATH", "run-script": "SCRIPT | -c CODE | -  [-- ARG...]",
+         "runbook": "NAME | --list"}
+
+
+def metavar(task_name: str, arg: str) -> str:
+    return METAVARS.get(task_name, {}).get(arg) or COMMON_METAVARS.get(arg) or "VALUE"
 
 
 def _help(**extra):
@@ -87,30 +194,53 @@ def _help(**extra):
     return {k: v for k, v in {**COMMON_HELP, **extra}.items() if v is not None}
 
 
-def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff):
+def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff, no_color):
     return cli.Options(host=host, group=group, hosts_file=hosts_file, json=json, save=save,
-                       parallel=parallel, timeout=timeout, keep_remote=keep_remote, diff=diff)
+                       parallel=parallel, timeout=timeout, keep_remote=keep_remote, diff=diff,
+                       no_color=no_color)
 
 
-@task(klass=MldiagTask, help={k: COMMON_HELP[k] for k in ("host", "group", "hosts-file", "json")})
-def hosts(c, host=None, group=None, hosts_file=None, json=False):
-    """Show each target and its hop chain (no connection is made)."""
-    cli.show_hosts(cli.Options(host=host or [], group=group or [], hosts_file=hosts_file, json=json))
+def _core_flag_spellings() -> frozenset:
+    from invoke import Program
+    core = Program()
+    return frozenset(("--" if len(n) > 1 else "-") + n
+                     for a in core.core_args() + core.task_args() for n in a.names)
+
+
+def _not_a_flag(task_name: str, what: str, value: str) -> None:
+    """Invoke fills a task's missing positional before it looks at its own core flags, so
+    ``scan-log --help`` would scan a log named --help (``mldiag TASK --help`` shows the help
+    before this is reached; ``inv`` does not). Any other value starting with '-' is the
+    user's (``--path=-odd.log``)."""
+    if value in _core_flag_spellings():
+        raise InputError(f"{value!r} is not a {what} (help: `mldiag {task_name} --help` or "
+                         f"`inv --help {task_name}`; a {what} starting with '-': ./{value})")
+
+
+@task(klass=MldiagTask, help={k: COMMON_HELP[k] for k in ("host", "group", "hosts-file", "json",
+                                                          "no-color")})
+def hosts(c, host=None, group=None, hosts_file=None, json=False, no_color=False):
+    """Show each target and its hop chain, and which hosts file was read (no connection is made)."""
+    cli.show_hosts(cli.Options(host=host or [], group=group or [], hosts_file=hosts_file, json=json,
+                               no_color=no_color))
 
 
 @task(klass=MldiagTask, help=_help())
 def ping(c, host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-         timeout=None, keep_remote=False, diff=False):
+         timeout=None, keep_remote=False, diff=False, no_color=False):
     """Check every layer: ssh, jump, sudo, container, interpreter, private temp dir."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     return cli.execute(opts, jobs.job_source("ping", {}))
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("gpu-status")))
 def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None, hosts_file=None,
-               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
+               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
+               no_color=False):
     """Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, throttling."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     job = jobs.job_source("gpu-status", dict(kernel_log_file=kernel_log_file, expect_idle=expect_idle))
     return cli.execute(opts, job, after_table=render.render_gpus)
 
@@ -118,9 +248,10 @@ def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None
 @task(klass=MldiagTask, help=_help(**jobs.help_for("check-attn")))
 def check_attn(c, model=None, attn_implementation=None, model_class=None, host=None, group=None,
                hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False, diff=False):
+               keep_remote=False, diff=False, no_color=False):
     """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     return cli.execute(opts, jobs.job_source("check-attn", dict(
         model=model, attn_implementation=attn_implementation, model_class=model_class)))
 
@@ -129,9 +260,11 @@ def check_attn(c, model=None, attn_implementation=None, model_class=None, host=N
     full="show every field on every target (default with several targets: only what differs)",
     **jobs.help_for("env-report")))
 def env_report(c, full=False, imports=None, packages=None, host=None, group=None, hosts_file=None,
-               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
+               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
+               no_color=False):
     """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     opts.diff = opts.diff or not full
     job = jobs.job_source("env-report", dict(imports=imports, packages=packages))
     return cli.execute(opts, job, after_table=None if opts.diff else render.render_full)
@@ -140,32 +273,45 @@ def env_report(c, full=False, imports=None, packages=None, host=None, group=None
 @task(klass=MldiagTask, help=_help(**jobs.help_for("extract-smoke")))
 def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=None,
                   max_tokens=None, device=None, dtype=None, host=None, group=None, hosts_file=None,
-                  json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False):
+                  json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
+                  no_color=False):
     """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     return cli.execute(opts, jobs.job_source("extract-smoke", dict(
         model=model, layers=layers, samples=samples, data=data, backend=backend,
         max_tokens=max_tokens, device=device, dtype=dtype)))
 
 
-@task(klass=MldiagTask, help=_help(**jobs.help_for("scan-log")))
+@task(klass=MldiagTask, help=_help(**{**jobs.help_for("scan-log"), "path": "log file on the "
+                                      "target (or give it as the first argument: scan-log PATH)"}))
 def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=False, save=None,
-             parallel=None, timeout=None, keep_remote=False, diff=False):
+             parallel=None, timeout=None, keep_remote=False, diff=False, no_color=False):
     """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+    _not_a_flag("scan-log", "log path", path)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     return cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
 
 
-@task(klass=MldiagTask, iterable=["arg", "put"], help=_help(
-    path="local script to upload and run as __main__",
-    arg="one argument for the script, byte for byte (repeatable; --arg=VALUE for values starting with -)",
-    **{"args-json": "the script's whole argv as a JSON list of strings (exact, for any value)"},
+@task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(
+    path="local script to upload and run as __main__ (or give it as the first argument; "
+         "- reads it from stdin)",
+    code="run CODE instead of a script file, as python -c does (no quoting beyond your shell's)",
+    arg="one argument for the script, byte for byte (repeatable); or put the script's "
+        "arguments after `--`",
+    **{"args-json": "the script's arguments as a JSON list of strings (exact, for any value)"},
     put="extra local file uploaded beside the script (repeatable)"))
-def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=None,
+def run_script(c, path, code=None, arg=None, args_json=None, put=None, host=None, group=None,
                hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False, diff=False):
-    """Upload any local script and run it with arguments through the same safe path."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff)
+               keep_remote=False, diff=False, no_color=False):
+    """Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the targets.
+
+    The script's arguments, in this order: each --arg, the --args-json list, then everything
+    after `--` exactly as given: mldiag run-script x.py -H box -- --json -H foo
+    """
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
     argv = list(arg or [])
     if args_json is not None:
         try:
@@ -175,24 +321,24 @@ def run_script(c, path, arg=None, args_json=None, put=None, host=None, group=Non
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise InputError("--args-json: expected a JSON list of strings")
         argv += extra
-    return cli.execute(opts, cli.script_file_job(path, argv, put or []))
-
-
-class _ListFlag(Argument):
-    """``runbook --list`` needs no NAME: seeing the flag fills the positional with ''."""
-    fills: Optional[Argument] = None
-
-    def set_value(self, value, cast=True):
-        super().set_value(value, cast)
-        if value and self.fills is not None and self.fills.value is None:
-            self.fills.set_value("", cast=False)
+    argv += run_script.remainder() or []
+    if code is not None:
+        if path:
+            raise InputError(f"run-script: give a script ({path!r}) or -c CODE, not both")
+        job = cli.script_code_job("-c", os.fsencode(code), argv, put or [])
+    elif path == "-":
+        job = cli.script_code_job("-", cli.read_stdin("run-script -"), argv, put or [])
+    else:
+        _not_a_flag("run-script", "script path", path)
+        job = cli.script_file_job(path, argv, put or [])
+    return cli.execute(opts, job)
 
 
 class RunbookTask(MldiagTask):
     def get_arguments(self, *args, **kwargs):
         arguments = super().get_arguments(*args, **kwargs)
         by_name = {a.name: a for a in arguments}
-        by_name["list_"].__class__ = _ListFlag
+        by_name["list_"].__class__ = _FillsPositional
         by_name["list_"].fills = by_name["name"]
         return arguments
 
@@ -210,12 +356,13 @@ class RunbookTask(MldiagTask):
                        "built-in ones and hosts.yaml's runbooks:)"}))
 def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=None, host=None,
             group=None, hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-            keep_remote=False):
+            keep_remote=False, no_color=False):
     """Run a runbook's steps on the targets and print one report (Markdown or JSON)."""
     from . import runbook_run   # here: every other task's start-up skips its import (~40 ms)
     if list_:
         return runbook_run.list_runbooks(hosts_file, runbooks_dir or [], as_json=json)
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False)
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False,
+                    no_color)
     return runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [],
                                fmt=format)
 

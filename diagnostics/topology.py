@@ -3,8 +3,10 @@
 CONTRACT (other modules rely on these types):
 
     load(path: Optional[str]) -> Topology
-        path None  → $MLDIAG_HOSTS_FILE, else ./hosts.yaml; when that default file does not
-                     exist, a Topology holding only the embedded ``local`` target.
+        path None  → $MLDIAG_HOSTS_FILE, else ./hosts.yaml, else the user's
+                     $XDG_CONFIG_HOME/mldiag/hosts.yaml (~/.config/mldiag/hosts.yaml); when
+                     none exists, a Topology holding only the embedded ``local`` target
+                     (``find_hosts_file`` says where it looked; ``Topology.origin`` keeps it).
         explicit path that does not exist / is a directory → InputError (exit 4).
     loads(text: str, path: str = "hosts.yaml") -> Topology     (same, from a string)
     Topology.select(hosts: Sequence[str], groups: Sequence[str]) -> List[Target]
@@ -52,6 +54,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
 DEFAULT_HOSTS_FILE = "hosts.yaml"
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
+XDG_CONFIG_ENV = "XDG_CONFIG_HOME"
 # Node-set bounds (see nodeset.py): names per node set / selection / group / file's targets.
 MAX_NODES = nodeset.MAX_NODES
 # 1 MiB holds ~25,000 one-line hosts and parses in ~4 s; a larger file is a mistake
@@ -122,6 +125,53 @@ LOCAL_TARGET = Target(name="local", local=True)
 
 
 @dataclass(frozen=True)
+class HostsFile:
+    """Which hosts file a run reads, and why: ``path`` as it is opened (None: none was found),
+    ``named_by`` the place that chose it (``--hosts-file``, ``$MLDIAG_HOSTS_FILE``,
+    ``./hosts.yaml``, ``user config``), ``looked`` the absolute paths tried when none was
+    named (in order)."""
+    path: Optional[str]
+    named_by: str = ""
+    looked: Tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for a user: which file was read, or where mldiag looked."""
+        if self.path is None:
+            return (f"no hosts file found (looked for {' and '.join(self.looked)}), so the only "
+                    f"target is 'local': write one there, or name one with --hosts-file or "
+                    f"${HOSTS_FILE_ENV}")
+        return f"hosts file: {os.path.abspath(self.path)} (from {self.named_by})"
+
+
+def user_hosts_file(environ: Optional[Dict[str, str]] = None) -> str:
+    """``$XDG_CONFIG_HOME/mldiag/hosts.yaml``; ``~/.config/mldiag/hosts.yaml`` when that variable
+    is unset, empty or relative (the XDG spec says to ignore a relative one)."""
+    env = os.environ if environ is None else environ
+    base = env.get(XDG_CONFIG_ENV) or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "mldiag", DEFAULT_HOSTS_FILE)
+
+
+def find_hosts_file(path: Optional[str] = None,
+                    environ: Optional[Dict[str, str]] = None) -> HostsFile:
+    """The lookup order: ``--hosts-file``, ``$MLDIAG_HOSTS_FILE``, ``./hosts.yaml``, the user's
+    file (``user_hosts_file``). Named files are returned whether they exist or not (reading
+    one that does not is bad input); the last two only when they exist (a dangling link
+    counts: reading it then says what is wrong)."""
+    env = os.environ if environ is None else environ
+    if path:
+        return HostsFile(path, "--hosts-file")
+    if env.get(HOSTS_FILE_ENV):
+        return HostsFile(env[HOSTS_FILE_ENV], f"${HOSTS_FILE_ENV}")
+    user = user_hosts_file(env)
+    for candidate, named_by in ((DEFAULT_HOSTS_FILE, "./hosts.yaml"), (user, "user config")):
+        if os.path.lexists(candidate):
+            return HostsFile(candidate, named_by)
+    return HostsFile(None, looked=(os.path.abspath(DEFAULT_HOSTS_FILE), user))
+
+
+@dataclass(frozen=True)
 class Topology:
     path: Optional[str]                          # None when nothing was read (embedded local only)
     targets: Dict[str, Target] = field(default_factory=dict)   # in file order
@@ -129,6 +179,9 @@ class Topology:
     default_targets: Tuple[str, ...] = ("local",)
     # runbooks: directories (absolute), each with the file and line that named it
     runbook_dirs: Tuple[Tuple[str, str, int], ...] = ()
+    # where the file came from (``load``); whether ``defaults.targets`` was written in it
+    origin: HostsFile = field(default=HostsFile(None), compare=False)
+    default_targets_given: bool = field(default=False, compare=False)
 
     def select(self, hosts: Sequence[str] = (), groups: Sequence[str] = ()) -> List[Target]:
         """Targets named by --host values (names, comma lists, node sets) then --group names,
@@ -178,13 +231,11 @@ class Topology:
 
 
 def load(path: Optional[str] = None) -> Topology:
-    if not path:
-        path = os.environ.get(HOSTS_FILE_ENV)
-        if not path:
-            if not os.path.lexists(DEFAULT_HOSTS_FILE):
-                return Topology(path=None, targets={"local": LOCAL_TARGET})
-            path = DEFAULT_HOSTS_FILE
-    return loads(_read_text(path), path)
+    """The hosts file ``find_hosts_file`` picks, read (``origin`` says which and why)."""
+    origin = find_hosts_file(path)
+    if origin.path is None:
+        return Topology(path=None, targets={"local": LOCAL_TARGET}, origin=origin)
+    return replace(loads(_read_text(origin.path), origin.path), origin=origin)
 
 
 def loads(text: str, path: str = "hosts.yaml") -> Topology:
@@ -775,4 +826,6 @@ def _build(document: Any, path: str) -> Topology:
                              top.places.get("groups", top.at.child("groups", 1)), targets)
     return Topology(path=path, targets=targets, groups=groups,
                     default_targets=_default_targets(defaults, targets, groups),
-                    runbook_dirs=_runbook_dirs(top, path))
+                    runbook_dirs=_runbook_dirs(top, path),
+                    origin=HostsFile(path, "--hosts-file"),
+                    default_targets_given="targets" in defaults.values)

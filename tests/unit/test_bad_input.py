@@ -80,14 +80,18 @@ def test_bad_hosts_file(tmp_path, text, expected):
 
 
 FLAGS = {
-    "unknown-host": (["ping", "-H", "nope"], "unknown target 'nope' (known: a,gpu[01-02],local)"),
+    "unknown-host": (["ping", "-H", "nope"], "unknown target 'nope' (known: a,gpu[01-02],local)\n"
+                     "mldiag: hosts file: {hosts_file} (from ./hosts.yaml)"),
     "broken-node-set": (["ping", "-H", "gpu[01-"],
                         "--host: invalid node set 'gpu[01-': missing bracket: \"gpu[01-\""),
-    "unknown-group": (["ping", "-g", "nope"], "unknown group 'nope' (known: g)"),
+    "unknown-group": (["ping", "-g", "nope"], "unknown group 'nope' (known: g)\n"
+                      "mldiag: hosts file: {hosts_file} (from ./hosts.yaml)"),
     # issue 11 item 8: each of these used to run on the default target `local` and exit 0
     "host-without-value": (["ping", "-H"], "--host (-H) needs a value"),
     "group-without-value": (["ping", "-g"], "--group (-g) needs a value"),
-    "arg-without-value": (["run-script", "x.py", "--arg"], "--arg needs a value"),
+    "arg-without-value": (["run-script", "x.py", "--arg"],
+                          "--arg needs a value (the script's arguments can also follow `--`: "
+                          "run-script SCRIPT -- ARG...)"),
     "host-empty": (["ping", "-H", ""],
                    "--host: expected a target name, a comma list or a node set, got ''"),
     "host-only-commas": (["ping", "-H", "a", "-H", " , "],
@@ -119,4 +123,5 @@ FLAGS = {
 @pytest.mark.parametrize("argv, expected", FLAGS.values(), ids=FLAGS.keys())
 def test_bad_flag(tmp_path, argv, expected):
     (tmp_path / "hosts.yaml").write_text(GOOD)
+    expected = expected.replace("{hosts_file}", str(tmp_path / "hosts.yaml"))
     assert_bad_input(mldiag(*argv, cwd=tmp_path, timeout=60), expected)

@@ -333,10 +333,10 @@ def test_parameters_defaults_and_target_settings_reach_the_argv():
           - task: gpu-status
             args: {expect-idle: true}
         """, [T["a"], BARE], params={"log": "train.log"})
-    assert fleet.argv[("scan-log", "a")] == ["--path", "/logs/a/train.log", "--lines", "50"]
-    assert fleet.argv[("scan-log", "bare")] == ["--path", "/logs/bare/train.log", "--lines", "50"]
-    assert fleet.argv[("check-attn", "a")] == ["--model", "/m/a", "--attn-implementation", "eager"]
-    assert fleet.argv[("extract-smoke", "a")] == ["--model", "/m/a"]
+    assert fleet.argv[("scan-log", "a")] == ["--path=/logs/a/train.log", "--lines=50"]
+    assert fleet.argv[("scan-log", "bare")] == ["--path=/logs/bare/train.log", "--lines=50"]
+    assert fleet.argv[("check-attn", "a")] == ["--model=/m/a", "--attn-implementation=eager"]
+    assert fleet.argv[("extract-smoke", "a")] == ["--model=/m/a"]
     assert fleet.argv[("gpu-status", "a")] == ["--expect-idle"]
     # the target without models: skips the model steps, and only those
     assert cells(record)["check-attn"] == {"a": "ok", "bare": "setting"}
@@ -399,10 +399,10 @@ def test_jobs_are_the_tasks_own():
     target = Target(name="t", local=True, gpus=8, models=(("main", "/m/main"), ("draft", "/m/d")))
     job = jobs.job_source("check-attn", {"model": "draft", "model_class": "X"})(target)
     assert (job.diagnostic, job.script_name, list(job.argv)) == \
-        ("check-attn", "check_attn.py", ["--model", "/m/d", "--model-class", "X"])
-    assert list(jobs.job_source("gpu-status", {})(target).argv) == ["--expect-gpus", "8"]
+        ("check-attn", "check_attn.py", ["--model=/m/d", "--model-class=X"])
+    assert list(jobs.job_source("gpu-status", {})(target).argv) == ["--expect-gpus=8"]
     assert list(jobs.job_source("extract-smoke", {"max-tokens": 16, "samples": None})(target).argv) == \
-        ["--model", "/m/main", "--max-tokens", "16"]
+        ["--model=/m/main", "--max-tokens=16"]
     with pytest.raises(ValueError):
         jobs.job_source("scan-log", {"paht": "/x"})
 
@@ -431,7 +431,7 @@ def test_list_shows_the_runbooks_and_a_broken_one_exits_4(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["runbook"], "'runbook' did not receive required positional arguments: 'name'"),
     (["runbook", "nosuch"], "unknown runbook 'nosuch'"),
-    (["runbook", "--help"], "'--help' is not a runbook name (help: `inv --help runbook`"),
+    (["runbook", "-V"], "'-V' is not a runbook name (help: `inv --help runbook`"),
     (["runbook", "slow-training", "--param", "lg=/x"], "runbook 'slow-training' has no parameter 'lg'"),
     (["runbook", "slow-training", "--param", "log"], "--param 'log': expected NAME=VALUE"),
     (["runbook", "slow-training", "--format", "xml"], "--format: expected one of md, json, got 'xml'"),
