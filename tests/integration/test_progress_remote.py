@@ -101,7 +101,8 @@ def test_a_remote_run_script_streams_live_on_a_terminal(hosts_file, release_dir)
         open(os.path.join(release_dir, "go"), "w").close()
         assert screen.wait_exit() == 0
         lines = screen.text().splitlines()
-        assert lines[1:] == ["step 2", "TARGETS  STATUS  SUMMARY", "main     ok      exit 0", "", "1 ok"]
+        assert lines[1:] == ["step 2", "TARGETS  STATUS  SUMMARY", "main     ok      exit 0",
+                             "  output: shown above as it ran (--json/--save keep it)", "", "1 ok"]
 
 
 def test_progress_passes_through_sudo_and_a_container(hosts_file):
