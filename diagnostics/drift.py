@@ -36,7 +36,9 @@ per package or variable where it uses those section names) with no table of its 
 fields themselves that say something (``ok false, problems [...]``: null, absent and empty
 values left out unless two groups would then read alike). A headline that is null or absent reads
 ``missing`` (a package not installed, a variable unset); without a headline, a target whose
-differing fields are all null or absent is ``missing``. Targets are grouped by all the fact's
+differing fields are all null or absent is ``missing``. A missing fact shows the differing
+fields that still say something there (not null, absent, empty or false: ``missing
+(nvidia_smi_error exit 15: ...)``). Targets are grouped by all the fact's
 differing fields; where groups share a headline, each of them adds the fields that tell them
 apart in parentheses. Fields that differ between targets that are present but are hidden by
 different headlines are named at the end ``(also differ: ...)``, at most ``ALSO_MAX`` of them;
@@ -302,9 +304,18 @@ def _fact_row(name: str, fields: Dict[str, str], flat) -> Optional[FactRow]:
         sigs = [tuple(_identity(g[0][k]) for k in said[i]) + said[i] for i, g in enumerate(ordered)]
         if len(set(sigs)) < len(sigs):
             said = [tuple(shown) for _ in ordered]
+    # a missing fact: the fields that still say something there (driver: nvidia_smi_error
+    # exit 15 ...), or, where two missing groups would then read alike, what tells them apart
+    why = {i: tuple(k for k in shown if not _empty(g[0][k]) and g[0][k] is not False)
+           for i, g in enumerate(ordered) if g[2]}
+    why_sigs = [tuple((k, _identity(ordered[i][0][k])) for k in w) for i, w in why.items()]
+    if len(set(why_sigs)) < len(why_sigs):
+        why = {i: details[i] for i in why}
     groups = []
     for i, (values, hval, missing, targets) in enumerate(ordered):
-        if headline is None and not missing:
+        if missing:
+            det = why[i]
+        elif headline is None:
             det = said[i]
         else:
             det = details[i]

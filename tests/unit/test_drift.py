@@ -72,9 +72,10 @@ def test_several_keys_groups_folding_none_and_absent():
                       gpu08={"torch": None, "torch__cuda": "12.4",
                              "torch__arch_list": ["sm_80", "sm_90", "sm_100"]})
     # torch's package version, its cuda and its arch list are one fact; gpu08's torch is
-    # missing (no version) though it has fields: they differ only because it is missing
+    # missing (no version) though some of its fields are there: they are shown
     assert format_drift(drift(results)) == [
-        "torch: 2.11.0 on gpu[01-04,07]; 2.10.0 on gpu[05-06]; missing on gpu08",
+        "torch: 2.11.0 on gpu[01-04,07]; 2.10.0 on gpu[05-06]; "
+        "missing (cuda 12.4, arch_list [sm_80, sm_90, sm_100]) on gpu08",
         "flash-attn: 2.8.3 on gpu[01-04,06-08]; missing on gpu05",
         "NCCL_DEBUG: WARN on gpu[01-05,07-08]; missing on gpu06",
     ]
@@ -353,3 +354,22 @@ def test_empty_fields_are_kept_where_groups_would_read_alike():
     a, b, c = ({"check": {"problems": p, "ok": o}} for p, o in (([], True), (None, True), ([], False)))
     assert format_drift(drift([("a", a), ("b", b), ("c", c)])) == [
         "check: problems [], ok true on a; problems none, ok true on b; problems [], ok false on c"]
+
+
+def test_a_missing_fact_shows_the_fields_that_say_why():
+    ok = {"driver": {"version": "590.48.01", "source": "nvidia-smi", "nvidia_smi_error": None,
+                     "kernel_module": "open"}}
+    sick = {"driver": {"version": None, "source": None, "nvidia_smi_error": "exit 15: GPU lost",
+                       "kernel_module": None}}
+    gone = {"driver": {"version": None, "source": None, "nvidia_smi_error": None, "kernel_module": None}}
+    assert format_drift(drift([("hotbox", ok), ("trainbox", ok), ("sickbox", sick), ("cpubox", gone)])) == [
+        "driver: 590.48.01 on hotbox,trainbox; missing (nvidia_smi_error exit 15: GPU lost) on sickbox; "
+        "missing on cpubox"]
+
+
+def test_missing_groups_that_would_read_alike_are_told_apart():
+    a = {"driver": {"version": "590.48.01", "kernel_module": "open"}}
+    b = {"driver": {"version": None, "kernel_module": None}}
+    c = {"driver": {"version": None, "kernel_module": ""}}
+    assert format_drift(drift([("a", a), ("b", b), ("c", c)])) == [
+        'driver: 590.48.01 on a; missing (kernel_module none) on b; missing (kernel_module "") on c']
