@@ -11,7 +11,25 @@ reports, one finding per kind, with its count and first/last line:
   empty-error  ``ERROR ...:`` lines with nothing after the colon (``ERROR in
                batch 0-3:`` -- an exception whose str() was empty); a line
                directly followed by a traceback is not counted
-  nan-loss     NaN/inf loss values (``loss=nan``, ``'loss': nan``, ``loss: inf``)
+  nan-loss     NaN/inf loss values as the trainers print them: a key holding
+               "loss" then ``=``, ``:``, ``is`` or blanks, then nan/inf/infinity in
+               any case, signed, quoted or wrapped -- ``loss=nan`` (tqdm postfixes,
+               fairseq's simple format, Lightning's ``train_loss=nan``,
+               ``train/loss=nan``), ``{'loss': nan}`` (HF Trainer), ``"loss": "nan"``
+               (fairseq json), ``| loss nan |`` (fairseq's epoch lines),
+               ``lm loss: NAN`` (Megatron-LM's ``{:.6E}``), ``loss nan,`` (nanoGPT),
+               ``[Loss] nan``, ``loss=tensor(nan, ...)``; and the messages that say
+               so without a value: Megatron-LM's ``number of nan iterations: N``
+               (N > 0) and ``found NaN/Inf in local forward loss calculation``,
+               DeepSpeed's ``Current loss scale already at minimum``, fairseq's
+               ``Minimum loss scale reached``, Lightning's ``The loss returned in
+               `training_step` is nan``, Keras' ``Invalid loss, terminating
+               training``. Not a loss: ``loss_scale``/``loss scale`` values,
+               ``nan_count=0``, a path holding ``loss_nan``. A NaN/inf gradient
+               norm alone (``grad_norm: nan``) is not a finding: under fp16 dynamic
+               loss scaling it is the normal overflow signal (the step is skipped,
+               the scale lowered); an overflow that never recovers ends in the
+               minimum-loss-scale errors above, which are.
   cuda-oom     CUDA out of memory (``torch.OutOfMemoryError``, ``CUDA out of memory``)
   nccl         NCCL errors and collective timeouts (``NCCL error``,
                ``ncclInternalError``, ``Watchdog caught collective operation
@@ -48,6 +66,7 @@ KEEP_HEAD = 25                          # matches kept per kind: the first KEEP_
 KEEP_TAIL = 25                          # ... and the last KEEP_TAIL
 MAX_TEXT = 400                          # characters kept per matched line
 MAX_MSG_TEXT = 160                      # characters of a line quoted in a finding message
+MAX_MATCH = 60                          # characters kept of the part of a line that matched
 MAX_CLASSIFY = 64 * 1024                # longer lines are classified on their first and last 32 KiB
 _BLOCK = 64 * 1024
 _AHEAD = 3                               # lines looked ahead for a multi-line exception message
@@ -95,8 +114,30 @@ _CHAIN = re.compile(r"^(During handling of the above exception, another exceptio
 _EXC_LINE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:(:)(.*))?$")
 _SEPARATOR = re.compile(r"^\s*(?:={3,}|-{3,})\s*$")
 _ERROR_WORD = re.compile(r"\b(?:ERROR|Error)\b")
-_NAN_LOSS = re.compile(
-    r"(?i)\b(\w*loss\w*)['\"]?\s*(?:[:=]|\bis\b)\s*['\"]?(?:tensor\(\s*)?([-+]?(?:nan|inf(?:inity)?))\b")
+# A loss value that is NaN or infinite, as the trainers print it: KEY SEP VALUE where KEY is one
+# word holding "loss" (loss, train_loss, val_loss, nll_loss; "train/loss" ends in the word
+# "loss"; "lm loss" too), optionally quoted or bracketed ('loss', "loss", [Loss]); SEP is ":",
+# "=", "is" or plain blanks (fairseq's "| loss nan |", nanoGPT's "loss nan,"); VALUE is nan,
+# inf or infinity in any case, signed, optionally quoted or wrapped (tensor(nan, ...),
+# array(nan), [nan]). KEY is matched as any one word and tested for "loss" in code: a pattern
+# like \w*loss\w* backtracks over every "loss" inside a long word (quadratic on a line of
+# "lossloss..."); \w+ gives up one character at a time, so a line costs linear time.
+_NONFINITE_VALUE = re.compile(
+    r"(?i)\b(\w+)['\"\]]?(?:\s*(?:[:=]|\bis\b)\s*|\s+)['\"]?(?:(?:tensor|array)\(\s*|\[\s*)?"
+    r"[-+]?(?:nan|inf(?:inity)?)\b")
+# Messages that say the loss went NaN/inf without printing its value (lower case, substrings):
+_NAN_LOSS_PHRASES = (
+    "loss scale already at minimum",        # DeepSpeed's fp16 loss scaler: overflow at every step
+    "minimum loss scale reached",           # fairseq's (and ParlAI's) FloatingPointError, the same
+    "invalid loss, terminating training",   # Keras' TerminateOnNaN callback
+    "found nan in local forward loss",      # Megatron-LM --check-for-nan-in-loss-and-grad
+    "found inf in local forward loss",
+)
+# Megatron-LM counts the skipped iterations whose loss was NaN/inf (training_log); any but 0
+_MEGATRON_NAN_ITERS = re.compile(r"number of nan iterations:\s*0*[1-9]")
+# PyTorch Lightning's check_finite_loss: "The loss returned in `training_step` is tensor(nan...)"
+_LIGHTNING_NONFINITE = re.compile(
+    r"(?i)loss returned in `\w+` is (?:tensor\(\s*)?[-+]?(?:nan|inf)\b")
 _CUDA_OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
     r"|cudaErrorMemoryAllocation|HIP out of memory|No available memory for the cache blocks")
@@ -423,6 +464,29 @@ def _is_nccl(line: str, low: str) -> bool:
     return "ProcessGroupNCCL" in line and "[E" in line and bool(_NCCL_C10_ERROR.search(line))
 
 
+def _nan_loss(line: str, low: str):
+    """The part of a line that says the loss is NaN/inf (``lm loss: NAN``), or None."""
+    if "nan iterations" in low:
+        m = _MEGATRON_NAN_ITERS.search(low)
+        if m:
+            return line[m.start():m.end()]
+    if "loss" not in low:
+        return None
+    for phrase in _NAN_LOSS_PHRASES:
+        at = low.find(phrase)
+        if at >= 0:
+            return line[at:at + len(phrase)]
+    if "loss returned in" in low:
+        m = _LIGHTNING_NONFINITE.search(line)
+        if m:
+            return m.group(0)
+    for m in _NONFINITE_VALUE.finditer(line):
+        key = m.group(1).lower()
+        if "loss" in key and "scale" not in key:     # loss_scale: inf is fp16's normal overflow
+            return m.group(0)
+    return None
+
+
 def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
     raw = line
     if len(line) > MAX_CLASSIFY:    # a megabyte "line" (binary junk, a progress bar): its ends
@@ -433,9 +497,9 @@ def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
     if line.rstrip().endswith(":") and _ERROR_WORD.search(line) and not _TB_HEADER.match(line) \
             and not (next_line is not None and _TB_HEADER.match(next_line)):
         hits.append(("empty-error", None))
-    m = _NAN_LOSS.search(line) if "loss" in low else None
-    if m and "scale" not in m.group(1).lower():
-        hits.append(("nan-loss", None))
+    said = _nan_loss(line, low) if ("loss" in low or "nan iterations" in low) else None
+    if said:
+        hits.append(("nan-loss", {"match": _clip(" ".join(said.split()), MAX_MATCH)}))
     if ("memory" in low or "alloc" in low) and _CUDA_OOM.search(line):
         hits.append(("cuda-oom", None))
     if ("nccl" in low or "watchdog" in low or "distbackend" in low) and _is_nccl(line, low):
@@ -467,6 +531,18 @@ def _where(entry: dict, word: str) -> str:
     return text
 
 
+def _quote(entry: dict) -> str:
+    """A matched line as a finding message quotes it: its start, and where the part that matched
+    lies past that (Megatron's "lm loss: NAN" 200 characters in), "… " and that part."""
+    text = entry["text"]
+    clipped = _clip(text, MAX_MSG_TEXT)
+    said = entry.get("match")
+    if not said or said in clipped.rstrip("\u2026") or said not in " ".join(text.split()):
+        return clipped
+    head = _clip(text, max(MAX_MSG_TEXT - len(said) - 2, 20)).rstrip("\u2026").rstrip()
+    return head + " \u2026 " + said
+
+
 def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
     level, one, many, hint = KINDS[kind]
     entries = bucket.entries()
@@ -485,9 +561,9 @@ def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
             key = "%d on %s" % (e["xid"], e["device"])
             counts[key] = counts.get(key, 0) + 1
         msg += " (Xid %s)" % ", ".join(k if c == 1 else "%s \u00d7%d" % (k, c) for k, c in counts.items())
-    msg += " \u2014 first at %s: %s" % (_where(first, where), _clip(first["text"], MAX_MSG_TEXT))
+    msg += " \u2014 first at %s: %s" % (_where(first, where), _quote(first))
     if bucket.count > 1:
-        msg += "; last at %s: %s" % (_where(last, where), _clip(last["text"], MAX_MSG_TEXT))
+        msg += "; last at %s: %s" % (_where(last, where), _quote(last))
     return {"level": level, "code": kind, "message": msg, "hint": hint}
 
 

@@ -128,7 +128,7 @@ GPUs in use, throttled or in error (2 of 2):
 - trainbox: **ok** · python 3.11.2 · torch 2.13.0
 
 Drift across 2 targets:
-- torch: 2.13.0 on trainbox, 2.12.1 on sickbox
+- torch: 2.13.0 on trainbox; 2.12.1 on sickbox
 
 ### 3. check-attn
 

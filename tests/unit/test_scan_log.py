@@ -65,11 +65,35 @@ EXPECTED = {
         "killed": [6, 12, 14, 15, 16, 17],
     }),
     "clean_training.log": ("ok", {}),
+    # the trainers' own NaN/inf loss formats (README.md beside the fixtures says where each
+    # line comes from); near-misses in the same files must not count
+    "fairseq_nan_loss.log": ("fail", {
+        "traceback": [10],
+        "nan-loss": [5, 6, 7, 8, 9, 15],
+    }),
+    "megatron_nan_loss.log": ("fail", {
+        "nan-loss": [3, 4, 5, 7, 8],
+    }),
+    "lightning_nan_loss.log": ("fail", {
+        "nan-loss": [5, 6, 7, 8, 9],
+    }),
+    "nanogpt_nan_loss.log": ("fail", {
+        "nan-loss": [8, 9, 10],
+    }),
+    "deepspeed_fp16_overflow.log": ("fail", {
+        "traceback": [7],
+        "nan-loss": [12],
+    }),
+    "misc_trainers_nan_loss.log": ("fail", {
+        "nan-loss": [1, 2, 3, 4, 5, 6, 7, 8, 9],
+    }),
 }
 LINE_COUNTS = {"torch_nccl_timeout.log": 89, "vllm_engine_traceback.log": 80,
                "extract_empty_errors.log": 48, "hf_trainer_nan_loss.log": 22,
                "fsdp_cuda_oom.log": 18, "dmesg_xid.log": 19, "slurm_killed.log": 17,
-               "clean_training.log": 12}
+               "clean_training.log": 12, "fairseq_nan_loss.log": 16, "megatron_nan_loss.log": 8,
+               "lightning_nan_loss.log": 11, "nanogpt_nan_loss.log": 11,
+               "deepspeed_fp16_overflow.log": 12, "misc_trainers_nan_loss.log": 14}
 
 
 def test_every_fixture_has_expectations():
@@ -279,6 +303,63 @@ def test_empty_error_message_shapes(tmp_path, line, empty):
     ('{"loss": NaN}', "nan-loss"),
     ("epoch 3 | val_loss: inf", "nan-loss"),
     ("Loss is NaN, stopping training", "nan-loss"),
+    # fairseq: simple (commas), epoch summary (pipes), json (quoted values), tqdm postfix
+    ("2026-05-02 10:02:31 | INFO | train_inner | epoch 001:    200 / 1102 loss=nan, nll_loss=nan, ppl=nan",
+     "nan-loss"),
+    ("2026-05-02 10:05:02 | INFO | train | epoch 001 | loss nan | nll_loss nan | ppl nan | wps 59093", "nan-loss"),
+    ("2026-05-02 10:05:02 | INFO | valid | epoch 001 | valid on 'valid' subset | loss inf | nll_loss inf",
+     "nan-loss"),
+    ('2026-05-02 10:03:52 | INFO | train_inner | {"epoch": 1, "update": 0.272, "loss": "nan", "nll_loss": "nan"}',
+     "nan-loss"),
+    ("epoch 002:  18%|\u258f| 1386/7494 [06:49<29:04,  3.50it/s, loss=nan, nll_loss=nan, ppl=nan]", "nan-loss"),
+    ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering "
+     "the learning rate, using gradient clipping or increasing the batch size.", "nan-loss"),
+    # Megatron-LM: "{:.6E}" of NaN/inf is NAN/INF; nan iterations counted; the NaN check's error
+    (" iteration      200/  500000 | learning rate: 3.000000E-04 | global batch size:   256 | lm loss: NAN | "
+     "loss scale: 1.0 | grad norm: nan | number of skipped iterations:   0 | number of nan iterations:   0 |",
+     "nan-loss"),
+    (" iteration      300/  500000 | lm loss: INF | loss scale: 1.0 |", "nan-loss"),
+    (" iteration      300/  500000 | lm loss: nan | loss scale: 1.0 |", "nan-loss"),
+    (" iteration      300/  500000 | lm loss: -inf | loss scale: 1.0 |", "nan-loss"),
+    (" iteration      400/  500000 | loss scale: 1.0 | number of skipped iterations: 100 | "
+     "number of nan iterations: 100 |", "nan-loss"),
+    ("[rank12]: RuntimeError: Rank 12, node gpu05, device 4, iteration 612: Unexpected result nan "
+     "(message='found NaN in local forward loss calculation')", "nan-loss"),
+    ("AssertionError: Rank 0: found NaN in local forward loss calculation. Device: 0, node: gpu01", "nan-loss"),
+    ("message='found Inf in local forward loss calculation'", "nan-loss"),
+    # HF Trainer
+    ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 1.7e-05, 'epoch': 0.03}", "nan-loss"),
+    ("{'eval_loss': inf, 'eval_runtime': 12.31, 'epoch': 0.04}", "nan-loss"),
+    ("{'loss': 'nan', 'epoch': 0.03}", "nan-loss"),
+    # tqdm postfixes; PyTorch Lightning's progress bar, EarlyStopping and finite-loss check
+    ("100%|\u2588\u2588\u2588| 10/10 [00:01<00:00,  9.52it/s, loss=nan]", "nan-loss"),
+    ("100%|\u2588\u2588\u2588| 10/10 [00:01<00:00,  9.52it/s, loss=inf]", "nan-loss"),
+    ("Epoch 0: 100%|\u2588\u2588\u2588| 100/100 [00:20<00:00,  4.97it/s, v_num=3, train_loss=nan]", "nan-loss"),
+    ("Epoch 1:  10%|\u2588 | 10/100 [00:02<00:18,  4.96it/s, v_num=3, train/loss=nan]", "nan-loss"),
+    ("Epoch 1:  20%|\u2588\u2588 | 20/100 [00:04<00:16, v_num=3, train_loss_step=nan, train_loss_epoch=nan]",
+     "nan-loss"),
+    ("Monitored metric val_loss = tensor(nan, device='cuda:0') is not finite. Previous best value was 2.301. "
+     "Signaling Trainer to stop.", "nan-loss"),
+    ("ValueError: The loss returned in `training_step` is tensor(nan, device='cuda:0', "
+     "grad_fn=<NllLossBackward0>).", "nan-loss"),
+    ("ValueError: The loss returned in `training_step` is nan or inf.", "nan-loss"),
+    # DeepSpeed's fp16 loss scaler giving up; Keras' TerminateOnNaN
+    ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", "nan-loss"),
+    ("Batch 12: Invalid loss, terminating training", "nan-loss"),
+    # nanoGPT and other plain "loss nan" prints, brackets, casing, signs, spellings, wrappers
+    ("iter 20: loss nan, time 40.51ms, mfu 9.27%", "nan-loss"),
+    ("step 250: train loss nan, val loss nan", "nan-loss"),
+    ("| E6 iter[ 14/ 15] | [Loss] nan | [step]   104 |", "nan-loss"),
+    ("Epoch: [21][1401/1930]\tTime 0.754 (0.986)\tData 0.005 (0.009)\tLoss nan (nan)", "nan-loss"),
+    ("2660/6659 [==========>....] - ETA: 7:48 - loss: nan - acc: 0.8350", "nan-loss"),
+    ("Loss: NaN", "nan-loss"),
+    ("loss = -inf", "nan-loss"),
+    ("loss: +Infinity", "nan-loss"),
+    ('{"step": 12, "loss": Infinity}', "nan-loss"),
+    ("train_loss=tensor(inf, device='cuda:0')", "nan-loss"),
+    ("loss=array(nan, dtype=float32)", "nan-loss"),
+    ("loss: [nan]", "nan-loss"),
+    ("grad_norm=nan loss_scale=inf loss=nan", "nan-loss"),     # a later key is found after earlier ones
     ("RuntimeError: CUDA error: out of memory", "cuda-oom"),
     ("torch.cuda.OutOfMemoryError: CUDA out of memory.", "cuda-oom"),
     ("RuntimeError: NCCL Error 1: unhandled cuda error", "nccl"),
@@ -308,6 +389,28 @@ def test_single_line_kinds(tmp_path, line, kind):
     "Error rate: 0.1%",
     "slurmstepd: error: *** JOB 12 ON gpu05 CANCELLED AT 2026-05-02T10:00:00 ***",
     "exit code -6",
+    # near-misses of the NaN/inf loss formats
+    "nan_count=0",
+    "skipped_nan_steps=3",
+    "reading /data/loss_nan/run.log",
+    "saved checkpoint /data/loss_nan/checkpoint_last.pt (epoch 1 @ 328 updates, score nan)",
+    "loss_scale: 65536",
+    "loss=0.5 nan_guard=on",
+    "grad_norm: nan",                            # fp16 overflow: the step is skipped (module docstring)
+    "step 3 | loss 0.31 | gnorm nan | loss_scale 0.125",
+    "2026-05-02 10:01:40 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
+    "setting loss scale to: 64.0",
+    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, reducing to 1",
+    "[Rank 0] step=10, skipped=2, lr=[1.9e-05], mom=[(0.9, 0.999)]",
+    " iteration      100/  500000 | lm loss: 7.123456E+00 | loss scale: 65536.0 | grad norm: 1.234 | "
+    "number of skipped iterations:   3 | number of nan iterations:   0 |",
+    "lm loss: 1.234567E+00",
+    "iter 10: loss 3.2438, time 40.12ms",
+    "loss nan_guard",
+    "loss information: none",
+    "val_loss=inference_only",
+    "loss_nan=0",
+    "Epoch 2: 30%| 30/100 [00:06<00:14, v_num=3, train_loss=0.500, nan_count=0, skipped_nan_steps=3]",
 ])
 def test_lines_that_must_not_match(tmp_path, line):
     p = tmp_path / "one.log"
@@ -493,3 +596,36 @@ def test_many_logged_tracebacks_stay_linear(tmp_path):
     tbs = r["data"]["matches"]["traceback"]
     assert (tbs[0]["line"], tbs[0]["exception_line"], tbs[0]["message"]) == (1, 3, "bad 0")
     assert (tbs[-1]["line"], tbs[-1]["message"]) == (5997, "bad 1499")
+
+
+@pytest.mark.parametrize("line", [
+    "loss" * 16384,                    # one 64 KiB word full of "loss"
+    "loss " * 13000,
+    "loss: " * 10000,
+    "loss=" + " " * 65000 + "x",
+    "x is " * 12000 + "loss",
+    ("lossloss" * 4000) + " loss=nan",
+])
+def test_hostile_nan_loss_lines_are_classified(tmp_path, line):
+    """Lines built to make a backtracking loss pattern quadratic (a word holding "loss" thousands
+    of times, long blank runs after a key): classified, and the real one still found. The time
+    they take is measured in bench/scan_log_lines.py, not here."""
+    p = tmp_path / "hostile.log"
+    p.write_text(line + "\n")
+    r = scan(p)
+    assert lines_of(r, "nan-loss") == ([1] if line.endswith("loss=nan") else [])
+
+
+def test_scan_log_through_the_real_program():
+    """mldiag scan-log on the local target, a recorded Megatron log: the table names the first
+    and last NaN loss lines."""
+    from tests.programs import mldiag
+    r = mldiag("scan-log", "--path", str(LOGS / "megatron_nan_loss.log"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].split()[:2] == ["local", "fail"], r.stdout
+    assert "5 NaN/inf loss lines in all 8 lines of " in lines[1], r.stdout
+    assert lines[2].startswith("  fail  nan-loss: 5 NaN/inf loss lines \u2014 first at line 3:"), r.stdout
+    # the NaN lies past what the message quotes of the line: the part that matched follows
+    assert ("| learning rate: 3.0000 \u2026 loss: NAN; last at line 8: AssertionError: Rank 0: "
+            "found NaN in local forward loss calculation.") in lines[2], r.stdout
