@@ -259,6 +259,24 @@ def package_versions(extra=()) -> "collections.OrderedDict":
     return out
 
 
+def editable_source(dist):
+    """The source directory of an editable install (``pip install -e DIR``: PEP 610's
+    direct_url.json), else None. Its build metadata in DIR (``NAME.egg-info``, seen when DIR is
+    on sys.path) is the same install, not a second copy."""
+    try:
+        text = dist.read_text("direct_url.json")
+        info = json.loads(text) if text else None
+    except Exception:
+        return None
+    if not isinstance(info, dict) or not (info.get("dir_info") or {}).get("editable"):
+        return None
+    url = info.get("url")
+    if not isinstance(url, str) or not url.startswith("file://"):
+        return None
+    from urllib.parse import unquote, urlparse
+    return os.path.realpath(unquote(urlparse(url).path))
+
+
 def installed_distributions():
     """canonical name -> list of (version, location), in sys.path order, one per location."""
     found = collections.OrderedDict()
@@ -273,10 +291,12 @@ def installed_distributions():
             continue
         if not name:
             continue
-        try:
-            location = os.path.realpath(str(dist.locate_file("")))
-        except Exception:
-            location = None
+        location = editable_source(dist)
+        if location is None:
+            try:
+                location = os.path.realpath(str(dist.locate_file("")))
+            except Exception:
+                location = None
         key = (_canon(name), location)
         if key in seen:
             continue

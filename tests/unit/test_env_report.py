@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import load_script
+from tests.programs import SCRIPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "env_report.py"
@@ -567,3 +567,36 @@ def test_import_warnings_are_kept(fake_site):
     assert imp["ok"] is True and imp["version"] == "0.3.2"
     assert imp["warnings"] == ["UserWarning: Failed to initialize NumPy: _ARRAY_API not found"]
     assert [f["code"] for f in r["findings"] if "fla" in f["message"]] == []
+
+
+def _write_dist(where, dirname, name, version, direct_url=None):
+    meta = where / dirname
+    meta.mkdir(parents=True)
+    (meta / ("PKG-INFO" if dirname.endswith(".egg-info") else "METADATA")).write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if direct_url is not None:
+        (meta / "direct_url.json").write_text(json.dumps(direct_url))
+
+
+def _duplicates_seen_by_a_python_on(paths):
+    """env-report's duplicates() in a python whose sys.path is ``paths`` (+ the stdlib only)."""
+    code = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); sys.path.insert(0, sys.argv[2]); "
+            "import env_report as e; print(json.dumps(e.duplicates(e.installed_distributions())))")
+    out = subprocess.run([sys.executable, "-S", "-c", code, json.dumps([str(p) for p in paths]),
+                          str(SCRIPTS)], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def test_an_editable_install_seen_from_its_source_dir_is_not_a_duplicate(tmp_path):
+    """``pip install -e DIR`` leaves DIR/NAME.egg-info; run from DIR (or with DIR on PYTHONPATH)
+    both it and site-packages' dist-info are on sys.path: one install, not two copies."""
+    site, src = tmp_path / "site", tmp_path / "src"
+    _write_dist(site, "proj-0.1.0.dist-info", "proj", "0.1.0",
+          {"url": src.as_uri(), "dir_info": {"editable": True}})
+    _write_dist(src, "proj.egg-info", "proj", "0.1.0")
+    assert _duplicates_seen_by_a_python_on([site, src]) == {}
+    # two real copies are still two
+    other = tmp_path / "other"
+    _write_dist(other, "proj-0.0.9.dist-info", "proj", "0.0.9")
+    found = _duplicates_seen_by_a_python_on([site, src, other])
+    assert [c["version"] for c in found["proj"]] == ["0.1.0", "0.0.9"]
