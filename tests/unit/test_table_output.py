@@ -217,7 +217,7 @@ def test_an_error_row_says_its_message_once(tmp_path):
     (tmp_path / "hosts.yaml").write_text(HOSTS)
     r = run(tmp_path, "ping", "-H", "dead,box1")
     assert r.returncode == 3, r.stderr
-    assert re.sub(r"python \S+ as \S+ on \S+", "python V as U on H", r.stdout) == """\
+    assert re.sub(r"python \S+(?: \(venv\))? as \S+ on \S+", "python V as U on H", r.stdout) == """\
 TARGETS  STATUS  SUMMARY
 dead     error   unreachable: connect to 127.0.0.1:1: Connection refused
 box1     ok      python V as U on H
