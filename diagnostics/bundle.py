@@ -38,12 +38,29 @@ class Job:
     timeout: Optional[float] = None      # overrides the target's timeout
 
 
-def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
-    """A Job for one of our own scripts (``gpu-status`` → ``scripts/gpu_status.py``)."""
-    name = diagnostic.replace("-", "_") + ".py"
+# Files a script imports or reads from its own directory, shipped beside it in the bundle
+# (the run's private temp dir is on the script's sys.path). One Xid catalog serves three
+# diagnostics; node-check's checks are one module each.
+COMPANIONS: Dict[str, Sequence[str]] = {
+    "gpu-status": (),
+    "scan-log": (),
+    "node-check": (),
+}
+
+
+def _read_script_file(name: str) -> bytes:
     with open(os.path.join(SCRIPTS_DIR, name), "rb") as f:
-        source = f.read()
-    return Job(diagnostic=diagnostic, script_name=name, script_source=source, argv=tuple(argv), **kw)
+        return f.read()
+
+
+def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
+    """A Job for one of our own scripts (``gpu-status`` → ``scripts/gpu_status.py``), with
+    its companion files."""
+    name = diagnostic.replace("-", "_") + ".py"
+    extra = {companion: _read_script_file(companion) for companion in COMPANIONS.get(diagnostic, ())}
+    extra.update(kw.pop("extra_files", {}))
+    return Job(diagnostic=diagnostic, script_name=name, script_source=_read_script_file(name),
+               argv=tuple(argv), extra_files=extra, **kw)
 
 
 def build_header(job: Job, *, target: str, timeout: float, env: Dict[str, str],

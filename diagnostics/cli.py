@@ -166,10 +166,13 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
-            after_table: Optional[Callable[[List[Result], TextIO], None]] = None) -> Outcome:
+            after_table: Optional[Callable[[List[Result], TextIO], None]] = None,
+            amend: Optional[Callable[[List[Result]], None]] = None) -> Outcome:
     """Run ``job`` on the selected targets and print; the outcome's code is the worst status's.
     InputError before anything connects; ``errors.Interrupted`` after Ctrl-C, TERM or HUP
-    (what arrived is saved first)."""
+    (what arrived is saved first). ``amend``: a look at every result together before anything
+    is saved or shown (node-check adds the fleet's baseline/majority findings there); with
+    it, results are saved when all have arrived (or as they are, after an interrupt)."""
     out = out or sys.stdout
     timeout = parse_positive_number("--timeout", opts.timeout)
     parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
@@ -195,7 +198,7 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     finished: List[Result] = []
 
     def arrived(result: Result) -> None:
-        if save is not None:
+        if save is not None and amend is None:
             save_result(save, result)
         finished.append(result)
         progress.add(result)
@@ -208,6 +211,9 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         # run_many has closed every connection: the remote runtimes see stdin close and stop
         code = termination.exit_code_of(interrupt)
         if save is not None:
+            if amend is not None:
+                for result in finished:
+                    save_result(save, result)
             done = {r.target for r in finished}
             save_summary(save, list(finished), interrupted=sorted(
                 t.name for t in targets if t.name not in done and t.slurm is None),
@@ -216,6 +222,11 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
                                       "finished" + (f", saved in {opts.save}" if opts.save else ""))
     finally:
         progress.done()
+    if amend is not None:
+        amend(results)
+        if save is not None:
+            for result in results:
+                save_result(save, result)
     if save is not None:
         save_summary(save, results)
         save.close()

@@ -13,6 +13,7 @@ model (``runbook.py``) builds on it.
 
 import difflib
 import functools
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -49,6 +50,8 @@ class TaskSpec:
     args: Tuple[Arg, ...] = ()
     # argv the target itself adds (gpu-status: --expect-gpus from hosts.yaml ``gpus:``)
     target_argv: Callable[[Target], List[str]] = lambda target: []
+    # the least timeout a run with these argument values needs (node-check --dcgm-level 3)
+    least_timeout: Callable[[Mapping[str, Any]], Optional[float]] = lambda values: None
 
     def arg(self, name: str) -> Optional[Arg]:
         return next((a for a in self.args if a.name == name), None)
@@ -59,7 +62,25 @@ MODEL = Arg("model", "model directory on the target, or a name from the target's
 
 
 def _expect_gpus(target: Target) -> List[str]:
-    return [f"--expect-gpus={target.gpus}"] if target.gpus is not None else []
+    gpus = target.expect_dict.get("gpus")
+    return [f"--expect-gpus={gpus}"] if gpus is not None else []
+
+
+# dcgmi diag's documented run times (r1 seconds, r2 about 2 min, r3 up to 30 min) with room
+# for the rest of node-check; scripts/dcgm.py's own per-call timeouts are pinned to these by
+# tests/unit/test_node_check_task.py.
+DCGM_LEVEL_TIMEOUT = {1: 120.0, 2: 600.0, 3: 2700.0}
+
+
+def _node_check_timeout(values: Mapping[str, Any]) -> Optional[float]:
+    level = values.get("dcgm-level")
+    return DCGM_LEVEL_TIMEOUT[int(level)] + 60.0 if level and not values.get("no-dcgm") else None
+
+
+def _expect_block(target: Target) -> List[str]:
+    """node-check: the target's ``expect:`` block, one JSON token (keys and integers only)."""
+    expect = target.expect_dict
+    return [f"--expect={json.dumps(expect, sort_keys=True)}"] if expect else []
 
 
 TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
@@ -97,6 +118,17 @@ TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
                   metavar="DEVICE"),
               Arg("dtype", "auto | float32 | bfloat16 | float16",
                   choices=("auto", "float32", "bfloat16", "float16"), metavar="DTYPE"))),
+    TaskSpec("node-check", "node hardware health: Xid with an action, NVLink, NVSwitch fabric, PCIe, "
+                           "InfiniBand/RoCE ports, DCGM",
+             (Arg("kernel-log-file", "read this file on the target (a saved kernel log) instead of "
+                                     "journalctl -k / dmesg", metavar="FILE"),
+              Arg("since", "how far back the live kernel log is read (default 24h; e.g. 2h, 7d)",
+                  metavar="AGE"),
+              Arg("dcgm-level", "run dcgmi diag at this level (1 default when dcgmi is there; 2 "
+                                "takes minutes, 3 up to 45 min: the timeout rises to match)",
+                  choices=("1", "2", "3"), metavar="LEVEL"),
+              Arg("no-dcgm", "do not run dcgmi diag even where it is installed", kind="bool")),
+             target_argv=_expect_block, least_timeout=_node_check_timeout),
     TaskSpec("scan-log", "classify a remote log: tracebacks, empty errors, NaN, OOM, NCCL, Xid",
              (Arg("path", "log file on the target", required=True, metavar="PATH"),
               Arg("lines", "scan the last N lines (default 2000)", kind="int"))),
@@ -152,6 +184,8 @@ def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundl
                 argv.append(arg.script_flag)
             else:   # one token, --flag=VALUE: a value starting with '-' is never a flag
                 argv.append(f"{arg.script_flag}={value}")
-        return replace(base, argv=tuple(argv + spec.target_argv(target)))
+        least = spec.least_timeout(given)
+        timeout = max(target.timeout, least) if least else base.timeout
+        return replace(base, argv=tuple(argv + spec.target_argv(target)), timeout=timeout)
 
     return job

@@ -5,7 +5,11 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from . import errors
 
-SCHEMA = 1
+SCHEMA = 2   # 2: findings may carry action, check, ports (node-check, issue 12)
+# What a finding asks of a person, least to most severe (DESIGN.md §4): ``app`` is the
+# application's fault, not the node's; ``drain`` and worse take the node out of service.
+ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
+_ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
 STATUSES = ("ok", "warn", "fail", "error")  # also the order "worst last"
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 ERROR_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter",
@@ -27,6 +31,20 @@ def worst_status(statuses: Iterable[str]) -> str:
     return worst
 
 
+def action_rank(action: Optional[str]) -> int:
+    """-1 for no action; 0 (none) … 6 (rma)."""
+    return _ACTION_RANK.get(action, -1) if action else -1
+
+
+def worst_action(findings: Iterable["Finding"]) -> Optional[str]:
+    """The most severe action among ``findings`` (None when none carries one)."""
+    worst = None
+    for f in findings:
+        if action_rank(f.action) > action_rank(worst):
+            worst = f.action
+    return worst
+
+
 def exit_code(results: Iterable["Result"]) -> int:
     """Nagios-style: 0 all ok, 1 worst warn, 2 worst fail, 3 worst error."""
     return _EXIT_BY_STATUS[worst_status(r.status for r in results)]
@@ -39,14 +57,24 @@ class Finding:
     message: str
     hint: Optional[str] = None
     gpus: Optional[List[Any]] = None   # the GPUs (indices) it is about, as the target said
+    action: Optional[str] = None       # one of ACTIONS (schema 2)
+    check: Optional[str] = None        # node-check: which check found it (xid, nvlink, ib, ...)
+    ports: Optional[List[str]] = None  # non-GPU things it is about: IB ports, NICs by PCI address
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"level": self.level, "code": self.code, "message": self.message}
         if self.hint:
             d["hint"] = self.hint
-        if self.gpus is not None:
-            d["gpus"] = self.gpus
+        for key in ("gpus", "action", "check", "ports"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
+
+    @classmethod
+    def from_dict(cls, f: Dict[str, Any]) -> "Finding":
+        return cls(level=f.get("level", "warn"), code=f.get("code", ""),
+                   message=f.get("message", ""), hint=f.get("hint"), gpus=f.get("gpus"),
+                   action=f.get("action"), check=f.get("check"), ports=f.get("ports"))
 
 
 @dataclass
@@ -96,9 +124,7 @@ class Result:
             target=str(d.get("target", "")),
             status=d.get("status") if d.get("status") in _RANK else "error",
             summary=str(d.get("summary", "")),
-            findings=[Finding(level=f.get("level", "warn"), code=f.get("code", ""),
-                              message=f.get("message", ""), hint=f.get("hint"), gpus=f.get("gpus"))
-                      for f in d.get("findings") or []],
+            findings=[Finding.from_dict(f) for f in d.get("findings") or []],
             data=d.get("data") or {},
             log=list(d.get("log") or []),
             error=ErrorInfo(layer=err.get("layer", "internal"), type=err.get("type", ""),

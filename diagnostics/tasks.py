@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
-from . import cli, cmdline, jobs, render, termination
+from . import cli, cmdline, jobs, node_check_run, render, termination
 from .errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
 from .outcome import Outcome
 
@@ -180,6 +180,7 @@ METAVARS: Dict[str, Dict[str, str]] = {
                    "put": "FILE"},
     "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
 }
+METAVARS["node-check"].update({"save-baseline": "FILE", "baseline": "FILE", "prom": "FILE"})
 # A task's positional as its usage line shows it (``mldiag scan-log [options] PATH``).
 USAGE = {"scan-log": "PATH", "run-script": "SCRIPT | -c CODE | -  [-- ARG...]",
          "runbook": "NAME | --list"}
@@ -294,6 +295,28 @@ def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=F
     return cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
 
 
+@task(klass=MldiagTask, help=_help(**jobs.help_for("node-check"), **{
+    "save-baseline": "save each node's facts (driver, CUDA, VBIOS, GPUs, NVLinks, PCIe, IB ports, "
+                     "firmware) to FILE, for a later --baseline",
+    "baseline": "report every fact that differs from the baseline in FILE (default: from the "
+                "majority of the selected nodes)",
+    "drain": "Slurm: drain the nodes whose worst action is drain or worse (reason 'mldiag: CODE "
+             "…'); without it the commands are only printed",
+    "undrain": "Slurm: resume the nodes mldiag drained that now pass",
+    "prom": "write a Prometheus textfile-collector file (node-exporter) to FILE"}))
+def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=False,
+               save_baseline=None, baseline=None, drain=False, undrain=False, prom=None,
+               host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
+               timeout=None, keep_remote=False, diff=False, no_color=False):
+    """A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM."""
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
+    return node_check_run.execute(
+        opts, dict(kernel_log_file=kernel_log_file, since=since, dcgm_level=dcgm_level,
+                   no_dcgm=no_dcgm),
+        save_baseline=save_baseline, baseline=baseline, drain=drain, undrain=undrain, prom=prom)
+
+
 @task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(
     path="local script to upload and run as __main__ (or give it as the first argument; "
          "- reads it from stdin)",
@@ -367,6 +390,6 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
                                fmt=format)
 
 
-ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, run_script,
-                runbook)
+ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, node_check,
+                run_script, runbook)
 ns.configure({"run": {"echo": False}})

@@ -40,7 +40,7 @@ from . import nodeset
 from .errors import InputError
 from .yamlfile import SAFE_TOKEN  # noqa: F401 (the alphabet, re-exported with NAME, is_safe_token)
 from .yamlfile import (NAME, At, LineMapping, LineSequence, expect_argument, expect_boolean,
-                       expect_choice, expect_count, expect_mapping, expect_name, expect_port,
+                       expect_choice, expect_count, expect_integer, expect_mapping, expect_name, expect_port,
                        expect_positive_count, expect_seconds, expect_shell_token, expect_string,
                        is_number, is_safe_token, items_at, parse, show, unknown_key)
 
@@ -108,6 +108,9 @@ class Target:
     timeout: float = 300.0
     models: Tuple[Tuple[str, str], ...] = ()  # (name, path); the first is the default
     gpus: Optional[int] = None
+    # node-check's expectations (EXPECT_KEYS), merged defaults → host → container; ``gpus:``
+    # is the shorthand of ``expect: {gpus: N}``
+    expect: Tuple[Tuple[str, int], ...] = ()
     slurm: Optional[Slurm] = None
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
@@ -115,6 +118,13 @@ class Target:
     @property
     def env_dict(self) -> Dict[str, str]:
         return dict(self.env)
+
+    @property
+    def expect_dict(self) -> Dict[str, int]:
+        merged = dict(self.expect)
+        if self.gpus is not None:           # ``gpus:`` is the shorthand of expect: {gpus: N}
+            merged.setdefault("gpus", self.gpus)
+        return merged
 
     @property
     def default_model(self) -> Optional[str]:
@@ -409,6 +419,22 @@ def _models(value: Any, at: At) -> Tuple[Tuple[str, str], ...]:
     return tuple(models)
 
 
+# node-check's ``expect:`` block: what a healthy node of this kind has (with the bounds a value
+# can have: ib_rate in Gb/s, pcie_gen 1-6).
+EXPECT_KEYS: Dict[str, Tuple[int, Optional[int]]] = {
+    "gpus": (0, None), "ib_ports": (0, None), "ib_rate": (1, None), "nvlinks_per_gpu": (0, None),
+    "pcie_width": (1, 32), "pcie_gen": (1, 6)}
+
+
+def _expect(value: Any, at: At) -> Dict[str, int]:
+    expected = {}
+    for key, setting, where in items_at(expect_mapping(value, at), at):
+        if key not in EXPECT_KEYS:
+            raise where.error(unknown_key(key, list(EXPECT_KEYS)))
+        expected[key] = expect_integer(setting, where, *EXPECT_KEYS[key])
+    return expected
+
+
 def _slurm_time(value: Any, at: At) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)  # minutes, as sbatch --time reads a bare number
@@ -442,7 +468,7 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "connect_timeout": expect_seconds, "identity_file": _identity_file,
     "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,
-    "models": _models, "gpus": expect_count, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
+    "models": _models, "gpus": expect_count, "expect": _expect, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
     "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
     "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
@@ -456,14 +482,15 @@ CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_
                    "host_key_policy")
 RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "targets",
-                 "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir")
+                 "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
+                 "expect")
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
-    "models", "gpus", "containers", "slurm")
+    "models", "gpus", "expect", "containers", "slurm")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
-    "models", "gpus")
+    "models", "gpus", "expect")
 SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist")
 KUBECTL_ONLY_KEYS = ("namespace", "container")
-INHERITED_KEYS = RUN_KEYS + ("models", "gpus")
+INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect")
 
 
 @dataclass(frozen=True)
@@ -665,15 +692,18 @@ def _inherit(*levels: Dict[str, Any]) -> Dict[str, Any]:
     merged: Dict[str, Any] = {}
     for level in levels:
         for key in INHERITED_KEYS:
-            if key == "env" and key in level:
-                merged["env"] = {**merged.get("env", {}), **level["env"]}
+            if key in ("env", "expect") and key in level:
+                merged[key] = {**merged.get(key, {}), **level[key]}
             elif key in level:
                 merged[key] = level[key]
     return merged
 
 
 def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -> Target:
-    return Target(name=name, python=settings.get("python", "python3"),
+    expect = dict(settings.get("expect", {}))
+    if settings.get("gpus") is not None:   # gpus: N is the shorthand of expect: {gpus: N}
+        expect.setdefault("gpus", settings["gpus"])
+    return Target(expect=tuple(sorted(expect.items())),name=name, python=settings.get("python", "python3"),
                   activate=settings.get("activate", ()),
                   env=tuple(settings.get("env", {}).items()),
                   timeout=settings.get("timeout", 300.0), models=settings.get("models", ()),

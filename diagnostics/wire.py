@@ -38,7 +38,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .results import ERROR_LAYERS, STATUSES
+from .results import ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES
 
 BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 OLD_PYTHON_MARK = "@@MLDIAG-OLD-PYTHON"
@@ -347,6 +347,24 @@ def _fields_problem(where: str, obj: Any, required: Sequence[str],
     return None
 
 
+def _finding_problem(where: str, finding: Dict[str, Any]) -> Optional[str]:
+    """A finding's schema-2 keys: ``action`` one of ACTIONS, ``gpus`` a list of GPU indices
+    (or PCI addresses of GPUs that are gone), ``ports`` a list of names."""
+    action = finding.get("action")
+    if action is not None and action not in ACTIONS:
+        return f"{where}.action {action[:40]!r} is not one of {', '.join(ACTIONS)}"
+    for key, kinds in (("gpus", (int, str)), ("ports", (str,))):
+        value = finding.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            return f"{where}.{key} is {_type_name(value)}, not a list"
+        for item in value:
+            if not isinstance(item, kinds) or isinstance(item, bool):
+                return f"{where}.{key} holds {_type_name(item)}, not {' or '.join(_type_name(k()) for k in kinds)}"
+    return None
+
+
 def schema_problem(doc: Any) -> Optional[str]:
     """What is wrong with ``doc`` as a result document (DESIGN.md §4), or None.  Renderers,
     redaction and ``--save`` only ever see documents this accepts."""
@@ -355,8 +373,8 @@ def schema_problem(doc: Any) -> Optional[str]:
     for key in ("schema", "status", "summary", "findings", "data", "log", "error"):
         if key not in doc:
             return f"the result has no {key!r}"
-    if doc["schema"] != 1 or not isinstance(doc["schema"], int) or isinstance(doc["schema"], bool):
-        return f"schema is {doc['schema']!r:.40}, not 1"
+    if doc["schema"] != SCHEMA or not isinstance(doc["schema"], int) or isinstance(doc["schema"], bool):
+        return f"schema is {doc['schema']!r:.40}, not {SCHEMA}"
     if not isinstance(doc["status"], str) or doc["status"] not in STATUSES:
         shown = repr(doc["status"])[:40] if isinstance(doc["status"], str) else _type_name(doc["status"])
         return f"status is {shown}, not one of {', '.join(STATUSES)}"
@@ -370,13 +388,14 @@ def schema_problem(doc: Any) -> Optional[str]:
         return f"duration_s is {_type_name(doc['duration_s'])}, not a number"
     if not isinstance(doc["data"], dict):
         return f"data is {_type_name(doc['data'])}, not an object"
-    for name, fields, optional in (("findings", ("level", "code", "message"), ("hint", "action")),
+    for name, fields, optional in (("findings", ("level", "code", "message"), ("hint", "action", "check")),
                                    ("log", ("level", "source", "message"), ())):
         items = doc[name]
         if not isinstance(items, list):
             return f"{name} is {_type_name(items)}, not a list"
         for i, item in enumerate(items):
-            problem = _fields_problem(f"{name}[{i}]", item, fields, optional)
+            problem = _fields_problem(f"{name}[{i}]", item, fields, optional) or \
+                (_finding_problem(f"{name}[{i}]", item) if name == "findings" else None)
             if problem:
                 return problem
     error = doc["error"]

@@ -1084,7 +1084,7 @@ def exception_line(exc):
 def compose(header, run, started):
     """The result document from what ``supervise`` saw."""
     mode = header.get("mode")
-    result = {"schema": 1, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
+    result = {"schema": 2, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
               "status": "error", "summary": "", "findings": [], "data": {}, "log": [],
               "error": None, "duration_s": 0.0}
     outcome = run["outcome"] or {}
@@ -1206,7 +1206,7 @@ def main(stdin):
             info["message"] = "writing %d bytes into %s: %s" % (
                 len(blob), private.path if private else header.get("tmpdir") or "a temp dir",
                 info["message"])
-        result = {"schema": 1, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
+        result = {"schema": 2, "diagnostic": header.get("diagnostic"), "target": header.get("target"),
                   "status": "error", "summary": "%s: %s" % (layer, info["message"]), "findings": [],
                   "data": {}, "log": [], "duration_s": round(time.time() - started, 3),
                   "error": dict(info, layer=layer, stderr=None)}

@@ -342,7 +342,7 @@ def test_the_result_frame_is_found_after_a_full_run_of_progress():
     record = line({"seq": 0, "t": 0, "output": [["stdout", "\x00" * 8192]]})
     for _ in range(wire.MAX_PROGRESS_BYTES // len(record)):
         cap.feed(record)
-    doc = {"schema": 1, "status": "ok", "summary": "s", "findings": [], "data": {"big": "x" * (wire.MAX_RESULT_BYTES - 200)},
+    doc = {"schema": 2, "status": "ok", "summary": "s", "findings": [], "data": {"big": "x" * (wire.MAX_RESULT_BYTES - 200)},
            "log": [], "error": None}
     cap.feed(("\n" + rt.FRAME_BEGIN % NONCE + "\n" + json.dumps(doc) + "\n" + rt.FRAME_END % NONCE + "\n").encode())
     assert wire.read_result(cap.value(), NONCE)["data"]["big"] == doc["data"]["big"]

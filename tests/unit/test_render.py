@@ -545,7 +545,7 @@ def test_render_json_is_indented_strict_and_survives_stray_values():
     out = io.StringIO()
     render_json([Result("ping", "a", "ok", "s", data={"p": PurePosixPath("/x"), "n": float("nan")})], out)
     text = out.getvalue()
-    assert text.startswith('[\n  {\n    "schema": 1,\n    "diagnostic": "ping",')
+    assert text.startswith('[\n  {\n    "schema": 2,\n    "diagnostic": "ping",')
     assert '"p": "/x"' in text and '"n": "NaN"' in text and text.endswith("}\n]\n")
 
 

@@ -10,7 +10,7 @@ from diagnostics.results import (ERROR_LAYERS, SCHEMA, STATUSES, ErrorInfo, Find
 
 
 def test_the_vocabulary_is_pinned():
-    assert SCHEMA == 1
+    assert SCHEMA == 2
     assert STATUSES == ("ok", "warn", "fail", "error")
     assert ERROR_LAYERS == ("unreachable", "auth", "hostkey", "become", "container", "interpreter",
                             "upload", "timeout", "crashed", "killed", "protocol", "internal")
@@ -69,7 +69,7 @@ def test_result_to_dict_is_the_document():
     r = Result("gpu-status", "h1", "warn", "sum", findings=[Finding("warn", "c", "m", "h")],
                data={"k": 1}, log=[{"t": 0}], duration_s=1.23456)
     assert r.to_dict() == {
-        "schema": 1, "diagnostic": "gpu-status", "target": "h1", "status": "warn", "summary": "sum",
+        "schema": 2, "diagnostic": "gpu-status", "target": "h1", "status": "warn", "summary": "sum",
         "findings": [{"level": "warn", "code": "c", "message": "m", "hint": "h"}],
         "data": {"k": 1}, "log": [{"t": 0}], "error": None, "duration_s": 1.235}
     assert list(r.to_dict()) == ["schema", "diagnostic", "target", "status", "summary", "findings", "data",

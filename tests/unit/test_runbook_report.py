@@ -148,7 +148,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "gpu-status",
   "target": "trainbox",
   "status": "ok",
@@ -184,7 +184,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "gpu-status",
   "target": "sickbox",
   "status": "fail",
@@ -224,7 +224,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "gpu-status",
   "target": "deadbox",
   "status": "error",
@@ -247,7 +247,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "env-report",
   "target": "trainbox",
   "status": "ok",
@@ -271,7 +271,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "env-report",
   "target": "sickbox",
   "status": "warn",
@@ -301,7 +301,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "check-attn",
   "target": "trainbox",
   "status": "warn",
@@ -325,7 +325,7 @@ Did not run (see Skipped).
 
 ```json
 {
-  "schema": 1,
+  "schema": 2,
   "diagnostic": "check-attn",
   "target": "sickbox",
   "status": "error",

@@ -1067,6 +1067,8 @@ FIELD_VALUES = {
     "partition": st.just("gpu"), "nodes": st.integers(1, 4), "gpus_per_node": st.integers(0, 8),
     "time": st.sampled_from(["00:10:00", 10]), "account": st.just("ml"),
     "nodelist": st.just("n[1-4]"), "tmpdir": st.sampled_from(["/scratch/tmp", "tmp", "/a b"]),
+    "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
+                              st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
 }
 
 

@@ -29,7 +29,7 @@ def load_runtime():
 
 
 def good_doc(**changes):
-    doc = {"schema": 1, "diagnostic": "ping", "target": "t", "status": "ok", "summary": "fine",
+    doc = {"schema": 2, "diagnostic": "ping", "target": "t", "status": "ok", "summary": "fine",
            "findings": [{"level": "warn", "code": "c", "message": "m", "hint": "h"}],
            "data": {"nested": {"a": [1, 2.5, None, True, "s"]}},
            "log": [{"level": "WARNING", "source": "x", "message": "y"}], "error": None,
@@ -290,9 +290,18 @@ MALFORMED = {
     "the document a string": ("ok", "the result is a string"),
     "status a list": (good_doc(status=["ok"]), "status is a list"),
     "status unknown": (good_doc(status="fine"), "status is 'fine'"),
-    "schema 2": (good_doc(schema=2), "schema is 2"),
+    "schema 1": (good_doc(schema=1), "schema is 1, not 2"),
+    "schema 3": (good_doc(schema=3), "schema is 3"),
+    "an unknown action": (good_doc(findings=[{"level": "fail", "code": "x", "message": "m", "action": "panic"}]),
+                          r"findings\[0\]\.action 'panic' is not one of none, monitor"),
+    "gpus a string": (good_doc(findings=[{"level": "fail", "code": "x", "message": "m", "gpus": "0-7"}]),
+                      r"findings\[0\]\.gpus is a string, not a list"),
+    "ports of numbers": (good_doc(findings=[{"level": "fail", "code": "x", "message": "m", "ports": [1]}]),
+                         r"findings\[0\]\.ports holds a number, not a string"),
+    "check a number": (good_doc(findings=[{"level": "fail", "code": "x", "message": "m", "check": 3}]),
+                       r"findings\[0\]\.check is a number, not a string"),
     "schema true": (good_doc(schema=True), "schema is True"),
-    "schema a string": (good_doc(schema="1"), "schema is '1'"),
+    "schema a string": (good_doc(schema="2"), "schema is '2'"),
     "no status": ({k: v for k, v in good_doc().items() if k != "status"}, "has no 'status'"),
     "no error key": ({k: v for k, v in good_doc().items() if k != "error"}, "has no 'error'"),
     "summary a number": (good_doc(summary=3), "summary is a number"),
@@ -373,7 +382,7 @@ def hostile(mode, **env):
 
 
 @pytest.mark.parametrize("mode", ["status-list", "doc-list", "finding-str", "error-str",
-                                  "error-layer", "nan", "schema-2", "log-int", "not-json", "deep",
+                                  "error-layer", "nan", "schema-3", "log-int", "not-json", "deep",
                                   "deep-dict"])
 def test_a_malformed_frame_is_that_targets_protocol_row(mode):
     r = runner.run_one(hostile(mode), bundle.script_job("ping"), SshPool())
@@ -580,4 +589,4 @@ def test_a_result_of_exactly_the_size_limit_passes():
     assert wire.decode_result(body)["data"]["pad"].startswith("xxx")
     with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
         wire.decode_result(body[:-1] + b" }")
-    assert exc.value.excerpt.startswith("'{\"schema\": 1")
+    assert exc.value.excerpt.startswith("'{\"schema\": 2")

@@ -1,0 +1,471 @@
+#!/usr/bin/env python3
+"""node-check: a GPU node's hardware health -- Xid with an action, NVLink, NVSwitch fabric,
+PCIe links, InfiniBand/RoCE ports, DCGM -- as one result with an action per finding.
+
+Runs on the target, standard library only, Python 3.8+. The checks are modules of their own
+shipped beside this file (mldiag puts them in the run's private temp dir, which is on
+sys.path; by hand, copy them next to it):
+
+    xid.py (+ xid_catalog.json)  the kernel log's Xid / SXid lines, with NVIDIA's action
+    nvlink.py                    links active per GPU, link error counters
+    fabric.py                    nvidia-smi -q's Fabric section, the fabric manager
+    pcie.py                      GPU and NIC link width/generation, AER counters (sysfs)
+    ib.py                        /sys/class/infiniband ports: state, rate, counters, flaps
+    dcgm.py                      dcgmi diag -r N -j, when dcgmi is installed
+
+Each module's ``check(expect, run_tool, **options)`` returns ``{"findings", "facts"}``
+(and optionally ``"data"``). This file inventories the GPUs with one nvidia-smi call, reads
+the kernel log once, runs the checks side by side in threads and merges what they found.
+Every tool call has its own timeout (nvidia-smi stuck in D state is a known failure): a
+tool that hangs is a finding, the same binary is not called again in this run, and a check
+still running at ``--budget`` is reported as hung while the others still report.
+
+Result ``data``: ``gpus`` (the inventory), ``facts`` (flat dotted keys -> scalars: what a
+baseline compares), ``checks`` ({name: {"status", "seconds"[, "error"]}}), ``kernel_log``
+({"source", "error", "chars"}), ``worst_action``, and each check's own ``data`` under its name.
+Every finding carries ``action``: none < monitor < app < reset-gpu < reboot < drain < rma.
+
+Run by hand: python3 node_check.py [--expect '{"gpus": 8, "ib_rate": 400}'] [--no-dcgm]
+"""
+
+import argparse
+import collections
+import importlib.util
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
+ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
+LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2}
+EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
+# where drivers and DCGM put their tools when PATH (a container's, sudo's secure_path) lacks them
+EXTRA_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",
+                   "/bin", "/sbin")
+DEFAULT_TOOL_TIMEOUT = 10.0
+DEFAULT_BUDGET = 60.0
+MAX_OUTPUT = 4 * 1024 * 1024      # a tool's stdout/stderr kept, each
+MAX_FACTS = 2000
+INVENTORY_FIELDS = ("index", "pci.bus_id", "name", "serial", "uuid", "vbios_version",
+                    "driver_version")
+
+log = logging.getLogger("node-check")
+
+Tool = collections.namedtuple("Tool", "status rc out err seconds")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="node_check.py", description=__doc__.splitlines()[0])
+    p.add_argument("--expect", default="{}", metavar="JSON",
+                   help="what a healthy node has: {gpus, ib_ports, ib_rate, nvlinks_per_gpu, "
+                        "pcie_width, pcie_gen} (hosts.yaml expect:)")
+    p.add_argument("--kernel-log-file", metavar="FILE",
+                   help="read this saved kernel log instead of journalctl -k / dmesg")
+    p.add_argument("--since", default="24h", metavar="AGE",
+                   help="how far back the live kernel log is read (default 24h)")
+    p.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), metavar="LEVEL",
+                   help="dcgmi diag run level (default 1 where dcgmi is installed)")
+    p.add_argument("--no-dcgm", action="store_true", help="do not run dcgmi diag")
+    p.add_argument("--tool-timeout", type=float, default=DEFAULT_TOOL_TIMEOUT, metavar="S",
+                   help="seconds each tool call may take (default %(default)s)")
+    p.add_argument("--budget", type=float, metavar="S",
+                   help="seconds all checks together may take before the unfinished ones are "
+                        "reported as hung (default 60, or dcgm's level time + 60)")
+    p.add_argument("--only", metavar="LIST", help="run only these checks (comma list of %s)"
+                   % ",".join(CHECKS))
+    return p
+
+
+# --------------------------------------------------------------------------- running tools
+
+
+class ToolRunner(object):
+    """``run_tool(argv, timeout) -> Tool`` for the checks: each call bounded by its own
+    timeout, its process group killed after it; a binary that hung once is not called again
+    in this run (its next callers get status "skipped" at once, not another wait)."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self.hung = {}             # binary name -> the argv that hung
+        self.calls = []            # (argv, status, seconds): what ran, for data
+        self.lock = threading.Lock()
+
+    def find(self, name):
+        if os.sep in name:
+            return name if os.access(name, os.X_OK) else None
+        found = shutil.which(name, path=self.path)
+        if found:
+            return found
+        for d in EXTRA_TOOL_DIRS:
+            candidate = os.path.join(d, name)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def hung_before(self, name):
+        with self.lock:
+            return self.hung.get(os.path.basename(name))
+
+    def __call__(self, argv, timeout=DEFAULT_TOOL_TIMEOUT):
+        argv = [str(a) for a in argv]
+        name = os.path.basename(argv[0])
+        t0 = time.monotonic()
+        if self.hung_before(name):
+            return self._done(argv, Tool("skipped", None, "", "", 0.0))
+        exe = self.find(argv[0])
+        if exe is None:
+            return self._done(argv, Tool("missing", None, "", "%s: not found" % argv[0], 0.0))
+        try:
+            proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as e:
+            return self._done(argv, Tool("missing", None, "", "%s: %s" % (argv[0], e.strerror or e),
+                                         time.monotonic() - t0))
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            try:
+                proc.communicate(timeout=2)
+            except subprocess.TimeoutExpired:   # a grandchild in D state holds the pipes
+                pass
+            with self.lock:
+                self.hung.setdefault(name, argv)
+            return self._done(argv, Tool("timeout", None, "", "", time.monotonic() - t0))
+        return self._done(argv, Tool("ok", proc.returncode, _text(out), _text(err),
+                                     time.monotonic() - t0))
+
+    def _done(self, argv, tool):
+        with self.lock:
+            if len(self.calls) < 200:
+                self.calls.append({"argv": argv[:8], "status": tool.status, "rc": tool.rc,
+                                   "seconds": round(tool.seconds, 3)})
+        return tool
+
+
+def _text(raw):
+    if len(raw) > MAX_OUTPUT:
+        raw = raw[-MAX_OUTPUT:]
+    return raw.decode("utf-8", "replace")
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def command_text(argv):
+    return " ".join(argv)
+
+
+def finding(level, code, message, action, check, hint=None, gpus=None, ports=None):
+    f = {"level": level, "code": code, "message": message, "action": action, "check": check}
+    if hint:
+        f["hint"] = hint
+    if gpus:
+        f["gpus"] = list(gpus)
+    if ports:
+        f["ports"] = list(ports)
+    return f
+
+
+def tool_hung(argv, timeout, check):
+    return finding("fail", "tool-hung", "`%s` did not answer within %g s" % (command_text(argv), timeout),
+                   "reboot", check,
+                   hint="a tool stuck on the GPU driver (D state) usually means a GPU in a bad "
+                        "state: check the kernel log for Xid 79/119, then reboot the node")
+
+
+# --------------------------------------------------------------------------- the GPU inventory
+
+
+def parse_inventory(text):
+    """``nvidia-smi --query-gpu=index,pci.bus_id,... --format=csv,noheader`` -> [gpu dicts]."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < len(INVENTORY_FIELDS):
+            continue
+        try:
+            index = int(cells[0])
+        except ValueError:
+            continue
+        gpus.append({"index": index, "pci": cells[1], "name": cells[2], "serial": cells[3],
+                     "uuid": cells[4], "vbios": cells[5], "driver": cells[6]})
+    return gpus
+
+
+def inventory(run_tool, timeout):
+    """(gpus, findings, note): the GPUs nvidia-smi lists, or why there are none."""
+    argv = ["nvidia-smi", "--query-gpu=" + ",".join(INVENTORY_FIELDS), "--format=csv,noheader"]
+    tool = run_tool(argv, timeout)
+    if tool.status == "missing":
+        return [], [finding("info", "no-nvidia-smi", "nvidia-smi not found: the GPU checks have "
+                            "nothing to read (not an NVIDIA GPU node, or the driver is missing)",
+                            "none", "gpu")], "nvidia-smi missing"
+    if tool.status == "timeout":
+        return [], [tool_hung(argv, timeout, "gpu")], "nvidia-smi hung"
+    gpus = parse_inventory(tool.out)
+    if tool.rc != 0 and not gpus:
+        first = (tool.out.strip() or tool.err.strip() or "no output").splitlines()[0][:300]
+        return [], [finding("fail", "nvidia-smi-failed", "nvidia-smi exited %s: %s" % (tool.rc, first),
+                            "reboot", "gpu",
+                            hint="the driver does not answer: check the kernel log (Xid 79, "
+                                 "NVRM errors); a reboot usually brings it back")], "nvidia-smi failed"
+    return gpus, [], None
+
+
+def gpu_count_finding(gpus, expect):
+    want = expect.get("gpus")
+    if want is None or len(gpus) >= want:
+        return None
+    return finding("fail", "gpu-count", "%d GPUs answer, expected %d" % (len(gpus), want),
+                   "reboot", "gpu",
+                   hint="a GPU that fell off the bus (Xid 79) comes back only after a reboot; if "
+                        "it does not, drain the node and have the GPU reseated or replaced")
+
+
+def inventory_facts(gpus):
+    facts = {"gpu.count": len(gpus)}
+    if gpus:
+        facts["gpu.model"] = _one_or_many(g["name"] for g in gpus)
+        facts["gpu.vbios"] = _one_or_many(g["vbios"] for g in gpus)
+        facts["driver"] = _one_or_many(g["driver"] for g in gpus)
+    return facts
+
+
+def _one_or_many(values):
+    values = sorted(set(values))
+    return values[0] if len(values) == 1 else " / ".join(values)
+
+
+def host_facts():
+    facts = {"kernel": platform.release()}
+    for path in ("/sys/module/mlx5_core/version", "/sys/module/mlx_compat/version"):
+        try:
+            with open(path) as f:
+                facts["ofed"] = f.read(200).strip() or None
+            break
+        except OSError:
+            continue
+    return facts
+
+
+# --------------------------------------------------------------------------- running the checks
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_check(name):
+    """The check module ``NAME.py`` beside this file, or None when it is not there. Loaded by
+    path under a private module name: the target's environment may well have a package of
+    the same name on sys.path (Fabric's ``fabric``), which must be neither shadowed nor used."""
+    private = "_mldiag_check_" + name
+    if private in sys.modules:
+        return sys.modules[private]
+    path = os.path.join(HERE, name + ".py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location(private, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[private] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[private]
+        raise
+    return module
+
+
+class CheckRun(object):
+    def __init__(self, name):
+        self.name = name
+        self.result = None
+        self.error = None
+        self.seconds = None
+        self.thread = None
+        self.t0 = time.monotonic()
+
+
+def run_check(run, module, expect, run_tool, options):
+    try:
+        run.result = module.check(dict(expect), run_tool, **options)
+    except Exception:
+        run.error = traceback.format_exc()[-4000:]
+    run.seconds = time.monotonic() - run.t0
+    log.info("%s: %s (%.1f s)", run.name, "crashed" if run.error else "done", run.seconds)
+
+
+def check_status(findings):
+    worst = max([LEVEL_RANK.get(f.get("level"), 2) for f in findings] or [0])
+    if any(f.get("code") == "tool-hung" for f in findings):
+        return "hung"
+    return ("ok", "warn", "fail")[worst]
+
+
+def run_checks(names, expect, run_tool, options, budget):
+    """Every check in its own thread; (findings, facts, checks, data)."""
+    runs = []
+    findings, facts, checks, data = [], {}, {}, {}
+    for name in names:
+        module = load_check(name)
+        if module is None:
+            checks[name] = {"status": "skipped", "seconds": 0.0}
+            findings.append(finding("info", "check-not-shipped", "%s check not run: %s.py is not "
+                                    "beside node_check.py" % (name, name), "none", name))
+            continue
+        run = CheckRun(name)
+        run.thread = threading.Thread(target=run_check, name="check-" + name, daemon=True,
+                                      args=(run, module, expect, run_tool, options))
+        run.thread.start()
+        runs.append(run)
+    deadline = time.monotonic() + budget
+    for run in runs:
+        run.thread.join(max(0.0, deadline - time.monotonic()))
+        if run.thread.is_alive():
+            checks[run.name] = {"status": "hung", "seconds": round(time.monotonic() - run.t0, 3)}
+            findings.append(finding("fail", "check-hung", "%s check still running after %g s "
+                                    "(the node-check budget)" % (run.name, budget), "reboot", run.name,
+                                    hint="something it reads does not answer (a hung driver or "
+                                         "filesystem): see the kernel log"))
+            continue
+        if run.error is not None:
+            checks[run.name] = {"status": "crashed", "seconds": round(run.seconds, 3),
+                                "error": run.error}
+            last = run.error.strip().splitlines()[-1][:300]
+            findings.append(finding("warn", "check-crashed", "%s check crashed: %s" % (run.name, last),
+                                    "none", run.name,
+                                    hint="a bug of mldiag's; the traceback is in data.checks.%s.error"
+                                         % run.name))
+            continue
+        result = run.result if isinstance(run.result, dict) else {}
+        got = [f for f in result.get("findings") or [] if isinstance(f, dict)]
+        for f in got:
+            f.setdefault("check", run.name)
+            if f.get("action") not in ACTIONS:
+                f["action"] = "monitor" if f.get("level") in ("warn", "fail") else "none"
+        findings.extend(got)
+        for key, value in (result.get("facts") or {}).items():
+            if len(facts) < MAX_FACTS and isinstance(value, (str, int, float, bool, type(None))):
+                facts[str(key)] = value
+        if result.get("data") is not None:
+            data[run.name] = result["data"]
+        checks[run.name] = {"status": check_status(got), "seconds": round(run.seconds, 3)}
+    return findings, facts, checks, data
+
+
+# --------------------------------------------------------------------------- the result
+
+
+def action_rank(action):
+    return ACTIONS.index(action) if action in ACTIONS else -1
+
+
+def worst_action(findings):
+    worst = None
+    for f in findings:
+        if action_rank(f.get("action")) > action_rank(worst):
+            worst = f.get("action")
+    return worst
+
+
+def summarise(gpus, findings, checks):
+    problems = [f for f in findings if f.get("level") in ("warn", "fail")]
+    what = "%d× %s" % (len(gpus), gpus[0]["name"]) if gpus else "no GPU listed"
+    ran = [n for n, c in checks.items() if c["status"] != "skipped"]
+    if not problems:
+        return "healthy: %s, %d checks passed (%s)" % (what, len(ran), ", ".join(ran))
+    problems.sort(key=lambda f: (-LEVEL_RANK.get(f["level"], 2), -action_rank(f.get("action"))))
+    top = problems[0]
+    more = " (+%d more)" % (len(problems) - 1) if len(problems) > 1 else ""
+    return "%s: %s%s" % (worst_action(problems) or "monitor", top["message"], more)
+
+
+def parse_expect(text):
+    try:
+        expect = json.loads(text or "{}")
+    except ValueError as e:
+        raise SystemExit("--expect: not JSON: %s" % e)
+    if not isinstance(expect, dict):
+        raise SystemExit("--expect: a JSON object, like {\"gpus\": 8}")
+    return {k: v for k, v in expect.items()
+            if k in EXPECT_KEYS and isinstance(v, int) and not isinstance(v, bool)}
+
+
+def run(args):
+    expect = parse_expect(args.expect)
+    run_tool = ToolRunner()
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(CHECKS)
+    names = [n for n in names if n in CHECKS]
+    dcgm_level = None if args.no_dcgm else args.dcgm_level
+    if args.no_dcgm and "dcgm" in names:
+        names.remove("dcgm")
+    budget = args.budget or (DEFAULT_BUDGET if not dcgm_level else
+                             {1: 120.0, 2: 600.0, 3: 2700.0}[dcgm_level] + 60.0)
+
+    gpus, findings, inventory_note = inventory(run_tool, args.tool_timeout)
+    count = gpu_count_finding(gpus, expect)
+    if count:
+        findings.append(count)
+    facts = dict(host_facts())
+    facts.update(inventory_facts(gpus))
+
+    kernel_log = read_kernel_log(run_tool, args, findings)
+    options = {"gpus": gpus, "kernel_log": kernel_log, "sys_root": "/sys",
+               "dcgm_level": dcgm_level, "tool_timeout": args.tool_timeout}
+    more, check_facts, checks, check_data = run_checks(names, expect, run_tool, options, budget)
+    findings.extend(more)
+    facts.update(check_facts)
+
+    data = {"gpus": gpus, "expect": expect, "facts": facts, "checks": checks,
+            "kernel_log": {"source": kernel_log.get("source"), "error": kernel_log.get("error"),
+                           "chars": len(kernel_log.get("text") or "")},
+            "tools": run_tool.calls}
+    if inventory_note:
+        data["inventory"] = inventory_note
+    data.update(check_data)
+    data["worst_action"] = worst_action(findings)
+    return {"summary": summarise(gpus, findings, checks), "findings": findings, "data": data}
+
+
+def read_kernel_log(run_tool, args, findings):
+    """The kernel log once for every check (xid reads Xids, ib link flaps): xid.py knows the
+    sources (--kernel-log-file, journalctl -k, dmesg)."""
+    xid = load_check("xid")
+    if xid is None or not hasattr(xid, "read_kernel_log"):
+        return {"source": None, "text": "", "error": "xid.py is not beside node_check.py"}
+    try:
+        got = xid.read_kernel_log(run_tool, since=args.since, path=args.kernel_log_file,
+                                  timeout=args.tool_timeout)
+    except Exception:
+        last = traceback.format_exc().strip().splitlines()[-1][:300]
+        findings.append(finding("warn", "check-crashed", "reading the kernel log crashed: %s" % last,
+                                "none", "xid"))
+        return {"source": None, "text": "", "error": last}
+    for f in got.pop("findings", None) or []:
+        findings.append(f)
+    return got
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    result = run(build_parser().parse_args())
+    print(json.dumps(result, indent=2))
+    levels = [f.get("level") for f in result["findings"]]
+    sys.exit(2 if "fail" in levels else 1 if "warn" in levels else 0)
