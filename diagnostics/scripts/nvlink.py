@@ -388,7 +388,10 @@ def error_findings(parsed, uptime):
 
 
 def _failed_run(tool, argv):
-    first = (tool.out.strip() or tool.err.strip() or "no output").splitlines()[0][:300]
+    """The warning for a call that exited non-zero, quoting its first line that is not a GPU's."""
+    lines = [ln.strip() for ln in (tool.out + "\n" + tool.err).splitlines()
+             if ln.strip() and not _GPU.match(ln) and not _LINK.match(ln)]
+    first = (lines[0] if lines else "no output")[:300]
     return finding("warn", "nvlink-query-failed", "`%s` exited %s: %s" % (" ".join(argv), tool.rc, first),
                    "monitor", hint="nvidia-smi could not read NVLink state: see its message and the "
                                    "kernel log")
@@ -406,6 +409,7 @@ def check(expect, run_tool, **options):
     if problem:
         return {"findings": [problem], "facts": facts}
     status = parse_nvlink_status(tool.out)
+    status_rc = tool.rc
     if tool.rc != 0:
         findings.append(_failed_run(tool, STATUS_ARGV))
     elif not status["gpus"] and names:
@@ -424,11 +428,12 @@ def check(expect, run_tool, **options):
         problem = tool_problem(tool, ERRORS_ARGV, timeout)
         if problem:
             findings.append(problem)
-        elif tool.rc != 0:
-            findings.append(_failed_run(tool, ERRORS_ARGV))
         else:
+            errors = parse_nvlink_errors(tool.out)
+            if tool.rc != 0 and (status_rc == 0 or not errors["gpus"]):
+                findings.append(_failed_run(tool, ERRORS_ARGV))
             uptime = options.get("uptime_s")
             if uptime is None:
                 uptime = read_uptime()
-            findings.extend(error_findings(parse_nvlink_errors(tool.out), uptime))
+            findings.extend(error_findings(errors, uptime))
     return {"findings": fold(findings), "facts": facts, "data": data}
