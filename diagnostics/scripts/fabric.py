@@ -62,7 +62,7 @@ def parse_query(text):
 
     gpu: {"bus": "00000000:18:00.0", "name", "uuid", "fabric": {"State", "Status", "CliqueId",
     "ClusterUUID", ...} (absent fields absent), "health": {...} (the Fabric/Health subsection of
-    newer drivers), "ended": bool (its block reached "Processes")}. Lines of unexpected
+    newer drivers), "ended": bool (its block reached "Processes", which every driver prints)}. Lines of unexpected
     indentation are tolerated; a block cut short just lacks what was not printed.
     """
     out = {"driver": None, "cuda": None, "attached": None, "gpus": [], "complete": False}
@@ -82,11 +82,13 @@ def parse_query(text):
         kv = _KV.match(raw)
         if cur is None:
             if kv and indent == 0:
-                key, value = kv.group(2), kv.group(3)
-                if key == "Driver Version":
-                    out["driver"] = value or None
-                elif key == "CUDA Version":
-                    out["cuda"] = value or None
+                key, value = kv.group(2), kv.group(3).split(" [")[0].strip()
+                # R610 marks "Driver Version"/"CUDA Version" deprecated (a " [Deprecated; ...]"
+                # suffix) and adds "KMD Version"/"CUDA UMD Version" after them
+                if key in ("Driver Version", "KMD Version"):
+                    out["driver"] = value or out["driver"]
+                elif key in ("CUDA Version", "CUDA UMD Version"):
+                    out["cuda"] = value or out["cuda"]
                 elif key == "Attached GPUs":
                     try:
                         out["attached"] = int(value)
@@ -97,6 +99,8 @@ def parse_query(text):
             stack.pop()
         if not kv:              # a section heading ("    Fabric", "        Health")
             stack.append((indent, raw.strip()))
+            if indent == 4 and raw.strip() == "Processes":   # a list of them follows
+                cur["ended"] = True
             continue
         key, value = kv.group(2), kv.group(3)
         path = [name for _, name in stack]
@@ -105,13 +109,11 @@ def parse_query(text):
                 cur["name"] = value
             elif key == "GPU UUID":
                 cur["uuid"] = value
-            elif key == "Processes":
-                cur["ended"] = True
         elif path == ["Fabric"]:
             cur["fabric"][key] = value
         elif path == ["Fabric", "Health"]:
             cur["health"][key] = value
-        if key == "Processes" and indent == 4:
+        if key == "Processes" and indent == 4:      # "Processes : None"
             cur["ended"] = True
     n = len(out["gpus"])
     out["complete"] = bool(out["gpus"]) and out["gpus"][-1]["ended"] and (
