@@ -31,7 +31,9 @@ uptime, which is at least that long: the rate is a lower bound):
     replay or CRC errors below that                info  none    a healthy link's count stays at 0,
                                                                  a few over weeks is noise
     recovery errors / recovery events >= 1         warn  monitor the link retrained (traffic
-                                                                 stalled meanwhile)
+                                                                 stalled meanwhile); "Total link
+                                                                 recovery events" (successful +
+                                                                 failed) is not counted twice
     link recovery failed events >= 1               fail  reboot  the link stayed down: NVLINK_DOWN
     post-FEC errors (Rx, Symbol, Effective,        warn  monitor zero on healthy links
       Malformed packet, Buffer overrun, ...) >= 1

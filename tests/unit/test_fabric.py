@@ -154,7 +154,8 @@ def test_garbage_never_crashes():
             k = rng.randrange(len(lines))
             lines[k] = " " * rng.randrange(12) + "".join(rng.choice("GPU Fabric:State 0:.ABn/a") for _ in range(30))
         cut = rng.randrange(len(lines))
-        fab.fabric_findings(fab.parse_query("\n".join(lines[:cut])), {}, rng.choice([None, {}, {"ActiveState": "failed"}]))
+        fm = rng.choice([None, {}, {"ActiveState": "failed"}])
+        fab.fabric_findings(fab.parse_query("\n".join(lines[:cut])), {}, fm)
     assert fab.parse_query("")["gpus"] == []
 
 

@@ -206,7 +206,8 @@ def test_unknown_model_partial_links_is_info_only():
     ("NVIDIA GB200", 18), ("NVIDIA A100-SXM4-80GB", 12), ("NVIDIA A100-SXM4-40GB", 12), ("NVIDIA H800", 8),
     ("Tesla V100-SXM2-32GB", 6), ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None),
     ("NVIDIA H200 NVL", None), ("NVIDIA A100 80GB PCIe", None), ("NVIDIA L40S", None),
-    ("NVIDIA GeForce RTX 4080 SUPER", None), ("NVIDIA H20", None), ("", None), (None, None),
+    ("NVIDIA GeForce RTX 4080 SUPER", None), ("NVIDIA H20", None), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA A100-PCIE-40GB", None), ("", None), (None, None),
 ])
 def test_model_links(name, links):
     assert nv.model_links(name) == links
@@ -369,7 +370,8 @@ def test_check_errors_call_hangs_after_status():
 def test_check_lost_gpu_and_failed_call():
     out = fake("nvlink", "-s", capture="derived__h200x8__gpu-lost")
     assert out.returncode == 15
-    run = FakeRun({S: tool(out.stdout, rc=15), E: tool(fake("nvlink", "-e", capture="derived__h200x8__gpu-lost").stdout, rc=15)})
+    errors = fake("nvlink", "-e", capture="derived__h200x8__gpu-lost")
+    run = FakeRun({S: tool(out.stdout, rc=15), E: tool(errors.stdout, rc=errors.returncode)})
     result = nv.check({}, run, uptime_s=UPTIME)
     assert brief(result["findings"]) == [("warn", "nvlink-query-failed", "monitor", ())]
     assert result["findings"][0]["message"] == (
