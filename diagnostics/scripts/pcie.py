@@ -9,6 +9,8 @@ run's private temp dir). Reads sysfs, calls no tool: for each ``<sys_root>/bus/p
 ``TOTAL_ERR_*``; the kernel's ABI document sysfs-bus-pci-devices-aer_stats). The kernel's document
 warns that an endpoint's errors may be counted by its link partner instead, so the AER counters
 of the device's upstream port (its parent in the sysfs device tree) are read as well.
+``parse_lspci_vvv``/``devices_from_lspci`` read the same links from ``lspci -vvv`` (LnkCap,
+LnkSta) for a caller that has no sysfs; ``check()`` does not run lspci.
 
 Devices: NVIDIA (0x10de) display/3D controllers (class 0x0300xx, 0x0302xx) are GPUs, named by
 their index from ``options["gpus"]`` (nvidia-smi's "00000000:18:00.0" is sysfs's "0000:18:00.0");
@@ -218,6 +220,59 @@ def read_devices(sys_root="/sys"):
         if kind:
             dev["kind"], dev["link"] = kind, link
             out.append(dev)
+    return out
+
+
+_LSPCI_HEAD = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
+                         r"([^:]+?)(?:\s+\[[0-9a-fA-F]{4}\])?:\s*(.*)$")
+_LNK = re.compile(r"Speed\s+([0-9.]+)\s*GT/s.*?Width\s+x(\d+)")
+
+
+def parse_lspci_vvv(text):
+    """``lspci -vvv`` (or ``-vvv -nn``/``-D``) -> one dict per device that has a PCIe link:
+    ``{"bdf", "class_name", "desc", "speed", "width", "max_speed", "max_width"}`` from its
+    LnkSta (current) and LnkCap (maximum) lines. An alternative source where sysfs has no link
+    files; check() itself reads sysfs."""
+    out, cur = [], None
+    for line in (text or "").splitlines():
+        m = _LSPCI_HEAD.match(line)
+        if m:
+            bdf = m.group(1).lower()
+            cur = {"bdf": bdf if bdf.count(":") == 2 else "0000:" + bdf,
+                   "class_name": m.group(2).strip(), "desc": m.group(3).strip(),
+                   "speed": None, "width": None, "max_speed": None, "max_width": None}
+            out.append(cur)
+            continue
+        stripped = line.strip()
+        if cur is None or not stripped.startswith(("LnkCap:", "LnkSta:")):
+            continue
+        lm = _LNK.search(stripped)
+        if not lm:
+            continue
+        which = ("max_speed", "max_width") if stripped.startswith("LnkCap:") else \
+            ("speed", "width")
+        cur[which[0]], cur[which[1]] = float(lm.group(1)), int(lm.group(2))
+    return [d for d in out if d["width"] is not None or d["max_width"] is not None]
+
+
+def devices_from_lspci(text):
+    """parse_lspci_vvv's GPUs and NICs in read_devices()'s shape (no AER: lspci -vvv shows the
+    AER status bits, not counts)."""
+    out = []
+    for d in parse_lspci_vvv(text):
+        cls, desc = d["class_name"].lower(), d["desc"]
+        if cls in ("3d controller", "vga compatible controller") and "NVIDIA" in desc:
+            kind, link = "gpu", None
+        elif cls in ("ethernet controller", "infiniband controller") and \
+                ("Mellanox" in desc or "ConnectX" in desc) and "Virtual Function" not in desc:
+            kind, link = "nic", "InfiniBand" if cls.startswith("infiniband") else "Ethernet"
+        else:
+            continue
+        out.append({"bdf": d["bdf"], "kind": kind, "link": link,
+                    "speed": d["speed"], "gen": speed_gen(d["speed"]),
+                    "max_speed": d["max_speed"], "max_gen": speed_gen(d["max_speed"]),
+                    "width": d["width"], "max_width": d["max_width"],
+                    "aer": {}, "upstream": None, "upstream_aer": {}})
     return out
 
 

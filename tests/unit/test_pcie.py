@@ -284,3 +284,58 @@ def test_script_is_stdlib_only_python38():
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
                          universal_newlines=True, timeout=60, check=True).stdout
     assert out.strip() == "pcie"
+
+
+# ---------------------------------------------------------------- lspci -vvv (an H100 HGX)
+
+H100_LSPCI = FIX / "derived__lspci-vvv.h100-hgx.links"
+H100_GPU_BDFS = ["19", "3b", "4c", "5d", "9b", "bb", "cb", "db"]
+H100_GPUS = [{"index": i, "pci": "00000000:%s:00.0" % b.upper(), "name": "NVIDIA H100 80GB HBM3"}
+             for i, b in enumerate(H100_GPU_BDFS)]
+
+
+def test_lspci_h100_hgx_healthy():
+    text = H100_LSPCI.read_text()
+    assert len(pcie.parse_lspci_vvv(text)) == 102
+    devices = pcie.devices_from_lspci(text)
+    assert [d["bdf"] for d in devices if d["kind"] == "gpu"] == \
+        ["0000:%s:00.0" % b for b in H100_GPU_BDFS]
+    assert len([d for d in devices if d["kind"] == "nic"]) == 12   # 8 ConnectX-7, 2x2 CX-6 Dx
+    findings, facts = pcie.assess(devices, H100_GPUS)
+    # the PEX890xx switch ports, the BMC's Broadcom NIC and the Intel root ports that lspci
+    # marks "(downgraded)" are neither GPUs nor ConnectX NICs
+    assert findings == []
+    for i in range(8):
+        assert (facts["pcie.gpu%d.width" % i], facts["pcie.gpu%d.max_gen" % i]) == (16, 5)
+    assert (facts["pcie.0000:1a:00.0.gen"], facts["pcie.0000:1b:00.0.gen"]) == (5, 4)
+
+
+def test_lspci_derived_gpu_at_x8():
+    text = H100_LSPCI.read_text()
+    head = "19:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)\n"
+    assert head in text
+    i = text.index(head) + len(head)
+    j = text.index("LnkSta:", i)
+    k = text.index("\n", j)
+    text = text[:j] + "LnkSta:\tSpeed 32GT/s (ok), Width x8 (downgraded)" + text[k:]
+    findings, facts = pcie.assess(pcie.devices_from_lspci(text), H100_GPUS)
+    assert [(f["code"], f["level"], f["action"], f["gpus"]) for f in findings] == \
+        [("pcie-width-low", "fail", "reboot", [0])]
+    assert findings[0]["message"] == "GPU 0: PCIe link x8, expected x16"
+
+
+def test_lspci_header_forms():
+    text = ("0000:19:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] "
+            "[10de:2330] (rev a1)\n"
+            "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM L1, Exit Latency L1 <4us\n"
+            "\t\tLnkSta:\tSpeed 16GT/s (downgraded), Width x16 (ok)\n"
+            "1a:00.1 Ethernet controller [0200]: Mellanox Technologies ConnectX Family "
+            "mlx5Gen Virtual Function [15b3:101e]\n"
+            "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16\n"
+            "\t\tLnkSta:\tSpeed 32GT/s, Width x16\n")
+    parsed = pcie.parse_lspci_vvv(text)
+    assert [(d["bdf"], d["class_name"], d["speed"], d["width"], d["max_speed"]) for d in parsed] \
+        == [("0000:19:00.0", "3D controller", 16.0, 16, 32.0),
+            ("0000:1a:00.1", "Ethernet controller", 32.0, 16, 32.0)]
+    devices = pcie.devices_from_lspci(text)
+    assert [(d["kind"], d["gen"], d["max_gen"]) for d in devices] == [("gpu", 4, 5)]  # VF skipped
