@@ -46,10 +46,11 @@ Which ports are "the fabric": the InfiniBand link-layer ports; on a node that ha
 cluster) every RDMA port. ``expect["ib_ports"]`` counts those.
 
 Link flaps: Azure's NHC (azurehpc-health-checks, ``customTests/azure_ib_link_flapping.nhc``)
-fails a node (fault code NHC2005) when an IB device's "lost carrier" count in the syslog exceeds
-its threshold (1) within the lookback (24 h in its tests); Meta's GCM ``link-flaps`` check makes
-an IB flap critical. We do the same above FLAP_THRESHOLD and keep a single flap (a switch reboot,
-a re-cabled port) a warning.
+counts the "lost carrier" lines of each IB device in the syslog within a lookback window and
+fails the node above a threshold (its tests: 24 h, threshold 1; older versions failed on a second
+flap within 6 h, fault code NHC2005); Meta's GCM ``link-flaps`` check makes an IB flap critical
+and an Ethernet one a warning. We fail above FLAP_THRESHOLD link-downs of one device in the
+kernel log window and keep a single one (a switch reboot, a re-cabled port) a warning.
 
 Counters are cumulative since the driver loaded or someone cleared them (``perfquery -x -r``), so
 the thresholds are counts, not rates, and deliberately loose; they say "worth a look", never
