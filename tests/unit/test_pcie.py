@@ -1,0 +1,341 @@
+"""node-check's PCIe check (diagnostics/scripts/pcie.py) on recorded sysfs dumps.
+
+Fixtures (tests/fixtures/pcie/, README.md there): GCM's DGX A100 sysfs dumps, healthy and with
+one HCA at 8 GT/s instead of 16 (``current_link_speed``/``current_link_width`` of every device),
+and GCM's manifest of that machine (per PCI address: gpu/ib/net, expected speed and width).
+The dumps hold no ``vendor``/``class``/``max_link_*`` files; ``dgx_a100_tree`` adds them from
+the manifest (GPU -> NVIDIA 3D controller, ib -> Mellanox InfiniBand, net -> Mellanox
+Ethernet; the manifest's expected speed/width as the maxima) so that ``check()`` reads a whole
+tree with the recorded current links. AER files are written by the tests that need them, in the
+format of the kernel's ABI document (sysfs-bus-pci-devices-aer_stats).
+"""
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_ib import materialise, no_tools
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "diagnostics" / "scripts"
+FIX = REPO / "tests" / "fixtures" / "pcie"
+
+sys.path.insert(0, str(SCRIPTS))
+import pcie  # noqa: E402
+
+MANIFEST = json.loads((FIX / "gcm-DGX_A100.manifest.json").read_text())
+CLASSES = {"gpu": ("0x10de", "0x030200"), "ib": ("0x15b3", "0x020700"),
+           "net": ("0x15b3", "0x020000")}
+GPU_BDFS = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0", "0000:87:00.0",
+            "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
+# node_check's inventory for that machine: nvidia-smi's address form
+GPUS = [{"index": i, "pci": "0000" + bdf.upper(), "name": "NVIDIA A100-SXM4-80GB"}
+        for i, bdf in enumerate(GPU_BDFS)]
+
+
+def dgx_a100_tree(dump, root):
+    root = materialise(FIX / dump, root)
+    for bdf, entry in MANIFEST["pci"].items():
+        if entry["type"] not in CLASSES:
+            continue
+        d = root / "bus" / "pci" / "devices" / bdf
+        assert (d / "current_link_speed").is_file(), bdf   # the dump has every one of them
+        vendor, cls = CLASSES[entry["type"]]
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(cls + "\n")
+        (d / "max_link_speed").write_text(entry["link_speed"][1] + "\n")
+        (d / "max_link_width").write_text(entry["link_width"] + "\n")
+    return root
+
+
+def dev(root, bdf):
+    return root / "bus" / "pci" / "devices" / bdf
+
+
+def run(root, expect=None, gpus=GPUS, **options):
+    return pcie.check(expect or {}, no_tools, sys_root=str(root), gpus=gpus,
+                      kernel_log={"source": None, "text": "", "error": None}, **options)
+
+
+def summary(result):
+    return [(f["code"], f["level"], f["action"], f.get("gpus"), f.get("ports"))
+            for f in result["findings"]]
+
+
+# ---------------------------------------------------------------- parsers
+
+def test_parsers():
+    assert pcie.parse_speed("32.0 GT/s PCIe") == 32.0
+    assert pcie.parse_speed("16 GT/s") == 16.0
+    assert pcie.parse_speed("Unknown") is None
+    assert [pcie.speed_gen(x) for x in (2.5, 5, 8, 16, 32, 64, None, 3.3)] == \
+        [1, 2, 3, 4, 5, 6, None, None]
+    assert pcie.parse_width("16") == 16 and pcie.parse_width("x8") == 8
+    assert pcie.parse_width("") is None
+    assert pcie.normalise_bdf("00000000:18:00.0") == "0000:18:00.0"
+    assert pcie.normalise_bdf("00000000:BA:00.0") == "0000:ba:00.0"
+    assert pcie.normalise_bdf("0000:ba:00.1") == "0000:ba:00.1"
+    assert pcie.normalise_bdf("garbage") is None
+
+
+AER_COR_NEW = "RxErr 0\nBadTLP 3\nBadDLLP 120\nRollover 0\nTimeout 27\nNonFatalErr 0\n" \
+              "CorrIntErr 0\nHeaderOF 0\nTOTAL_ERR_COR 150\n"
+# the ABI document's sample (kernels before the short names)
+AER_COR_OLD = "Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\n" \
+              "Replay Timer Timeout 0\nAdvisory Non-Fatal 0\nCorrected Internal Error 0\n" \
+              "Header Log Overflow 0\nTOTAL_ERR_COR 2\n"
+AER_ZERO_FATAL = "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nCmpltAbrt 0\n" \
+                 "UnxCmplt 0\nRxOF 0\nMalfTLP 0\nECRC 0\nUnsupReq 0\nACSViol 0\n" \
+                 "UncorrIntErr 0\nBlockedTLP 0\nAtomicOpBlocked 0\nTLPBlockedErr 0\n" \
+                 "TOTAL_ERR_FATAL 0\n"
+
+
+def test_parse_aer_both_formats():
+    counts, total = pcie.parse_aer(AER_COR_NEW)
+    assert total == 150 and counts["BadDLLP"] == 120 and counts["RxErr"] == 0
+    counts, total = pcie.parse_aer(AER_COR_OLD)
+    assert total == 2 and counts["Receiver Error"] == 2 and counts["RELAY_NUM Rollover"] == 0
+    assert pcie.parse_aer(AER_ZERO_FATAL)[1] == 0
+    assert pcie.parse_aer(None) == (None, None)
+    assert pcie.parse_aer("RxErr 4\nBadTLP 1\n") == ({"RxErr": 4, "BadTLP": 1}, 5)
+
+
+# ---------------------------------------------------------------- GCM's DGX A100
+
+def test_dgx_a100_healthy(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro.json", tmp_path)
+    devices = pcie.read_devices(str(root))
+    kinds = sorted((d["kind"], d["link"]) for d in devices)
+    assert kinds.count(("gpu", None)) == 8
+    assert kinds.count(("nic", "InfiniBand")) == 8 and kinds.count(("nic", "Ethernet")) == 4
+    r = run(root)
+    assert r["findings"] == []
+    f = r["facts"]
+    for i in range(8):
+        assert (f["pcie.gpu%d.width" % i], f["pcie.gpu%d.max_width" % i],
+                f["pcie.gpu%d.max_gen" % i]) == (16, 16, 4)
+        assert "pcie.gpu%d.gen" % i not in f          # idle: the current gen is no fact
+    assert (f["pcie.0000:8d:00.0.width"], f["pcie.0000:8d:00.0.gen"],
+            f["pcie.0000:8d:00.0.max_gen"]) == (16, 4, 4)
+    assert not any(k.startswith("pcie.0000:c4") for k in f)   # NVSwitches are not checked
+    assert all(isinstance(v, (int, str, float, bool, type(None))) for v in f.values())
+
+
+def test_dgx_a100_hca_downgraded_to_gen3(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro-downgraded.json", tmp_path)
+    r = run(root)
+    assert summary(r) == [("pcie-gen-low", "warn", "monitor", None, ["0000:8d:00.0"])]
+    assert r["findings"][0]["message"] == "0000:8d:00.0: PCIe gen 3 (8 GT/s), expected gen 4"
+    assert r["facts"]["pcie.0000:8d:00.0.gen"] == 3
+
+
+def test_derived_gpu_links_narrow(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro.json", tmp_path)
+    (dev(root, GPU_BDFS[3]) / "current_link_width").write_text("8\n")
+    r = run(root)
+    assert summary(r) == [("pcie-width-low", "fail", "reboot", [3], None)]
+    f = r["findings"][0]
+    assert f["message"] == "GPU 3: PCIe link x8, expected x16"
+    assert "reseat" in f["hint"] and "drain" in f["hint"]
+    assert r["facts"]["pcie.gpu3.width"] == 8
+    (dev(root, GPU_BDFS[5]) / "current_link_width").write_text("8\n")
+    (dev(root, "0000:e1:00.1") / "current_link_width").write_text("4\n")
+    r = run(root)
+    assert summary(r) == [("pcie-width-low", "fail", "reboot", [3, 5], None),
+                          ("pcie-width-low", "warn", "monitor", None, ["0000:e1:00.1"])]
+    assert r["findings"][0]["message"] == "GPUs 3,5: PCIe link x8, expected x16"
+
+
+def test_derived_idle_gpus_downshifted_is_info_and_fails_only_under_load(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro.json", tmp_path)
+    for bdf in GPU_BDFS:
+        (dev(root, bdf) / "current_link_speed").write_text("2.5 GT/s PCIe\n")
+    r = run(root)
+    assert summary(r) == [("pcie-gen-idle", "info", "none", list(range(8)), None)]
+    assert r["findings"][0]["message"].startswith("GPUs 0-7: PCIe gen 1 of 4 (an idle GPU")
+    r = run(root, under_load=True)
+    assert summary(r) == [("pcie-gen-low", "fail", "reboot", list(range(8)), None)]
+    assert r["findings"][0]["message"] == ("GPUs 0-7: PCIe gen 1 (2.5 GT/s), expected gen 4 "
+                                           "under load")
+    assert r["facts"]["pcie.gpu0.gen"] == 1
+
+
+def test_gpus_not_in_the_inventory_are_named_by_address(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro.json", tmp_path)
+    (dev(root, GPU_BDFS[0]) / "current_link_width").write_text("8\n")
+    r = run(root, gpus=[])
+    assert summary(r) == [("pcie-width-low", "fail", "reboot", None, ["0000:07:00.0"])]
+    assert r["findings"][0]["message"] == "GPU 0000:07:00.0: PCIe link x8, expected x16"
+    assert r["facts"]["pcie.0000:07:00.0.width"] == 8
+    assert not any(k.startswith("pcie.gpu") for k in r["facts"])
+
+
+def test_expectations_and_model_when_sysfs_has_no_maxima(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro.json", tmp_path)
+    for bdf in GPU_BDFS:
+        os.remove(str(dev(root, bdf) / "max_link_width"))
+        os.remove(str(dev(root, bdf) / "max_link_speed"))
+    r = run(root)
+    assert r["findings"] == []
+    assert (r["facts"]["pcie.gpu0.max_width"], r["facts"]["pcie.gpu0.max_gen"]) == (16, 4)
+    (dev(root, GPU_BDFS[2]) / "current_link_width").write_text("8\n")
+    assert summary(run(root)) == [("pcie-width-low", "fail", "reboot", [2], None)]
+    # hosts.yaml's expectation wins over the model
+    r = run(root, {"pcie_width": 8, "pcie_gen": 4})
+    assert r["findings"] == []
+    r = run(root, {"pcie_gen": 5}, under_load=True)
+    assert summary(r) == [("pcie-gen-low", "fail", "reboot", list(range(8)), None),
+                          ("pcie-width-low", "fail", "reboot", [2], None)]
+    assert r["findings"][0]["message"] == ("GPUs 0-7: PCIe gen 4 (16 GT/s), expected gen 5 "
+                                           "under load")
+
+
+# ---------------------------------------------------------------- hand-made trees (AER, VF, down)
+
+def _device(root, bdf, vendor, cls, speed="32.0 GT/s PCIe", width="16", parent=None):
+    """A device dir in devices/pci0000:00/[PARENT/]BDF with bus/pci/devices/BDF -> it."""
+    base = root / "devices" / "pci0000:00"
+    d = (base / parent / bdf) if parent else (base / bdf)
+    d.mkdir(parents=True)
+    for name, value in (("vendor", vendor), ("class", cls), ("current_link_speed", speed),
+                        ("max_link_speed", "32.0 GT/s PCIe"), ("current_link_width", width),
+                        ("max_link_width", "16")):
+        (d / name).write_text(value + "\n")
+    link = root / "bus" / "pci" / "devices" / bdf
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(d, link.parent), link)
+    return d
+
+
+H100 = [{"index": 0, "pci": "00000000:18:00.0", "name": "NVIDIA H100 80GB HBM3"}]
+
+
+def test_aer_counters_of_the_device_and_its_upstream_port(tmp_path):
+    (tmp_path / "devices/pci0000:00/0000:17:01.0").mkdir(parents=True)
+    gpu = _device(tmp_path, "0000:18:00.0", "0x10de", "0x030200", parent="0000:17:01.0")
+    nic = _device(tmp_path, "0000:1a:00.0", "0x15b3", "0x020700")
+    (gpu / "aer_dev_fatal").write_text(AER_ZERO_FATAL.replace("SDES 0", "SDES 1")
+                                       .replace("TOTAL_ERR_FATAL 0", "TOTAL_ERR_FATAL 1"))
+    (gpu / "aer_dev_nonfatal").write_text("Undefined 0\nCmpltTO 2\nTOTAL_ERR_NONFATAL 2\n")
+    (gpu / "aer_dev_correctable").write_text(AER_COR_OLD)          # 2: below the threshold
+    (tmp_path / "devices/pci0000:00/0000:17:01.0/aer_dev_correctable").write_text(AER_COR_NEW)
+    (nic / "aer_dev_correctable").write_text(AER_COR_NEW)
+    r = run(tmp_path, gpus=H100)
+    assert summary(r) == [
+        ("pcie-aer-fatal", "fail", "reboot", [0], None),
+        ("pcie-aer-nonfatal", "warn", "monitor", [0], None),
+        ("pcie-aer-correctable", "warn", "monitor", [0], None),
+        ("pcie-aer-correctable", "warn", "monitor", None, ["0000:1a:00.0"]),
+    ]
+    msgs = [f["message"] for f in r["findings"]]
+    assert msgs[0] == "GPU 0: 1 (SDES 1) fatal PCIe AER errors since boot"
+    assert msgs[1] == "GPU 0: 2 (CmpltTO 2) non-fatal uncorrectable PCIe AER errors since boot"
+    assert msgs[2] == ("GPU 0: 150 (BadDLLP 120, BadTLP 3, Timeout 27) correctable PCIe AER "
+                       "errors since boot at its upstream port 0000:17:01.0 (threshold 100)")
+    assert msgs[3].startswith("0000:1a:00.0: 150 (BadDLLP 120")
+    assert not any("aer" in k for k in r["facts"])
+    assert r["facts"]["pcie.gpu0.max_gen"] == 5
+
+
+def test_link_down_vf_skipped_and_other_devices_ignored(tmp_path):
+    _device(tmp_path, "0000:18:00.0", "0x10de", "0x030200", speed="Unknown", width="0")
+    vf = _device(tmp_path, "0000:1a:00.2", "0x15b3", "0x020700", width="8")
+    os.symlink("../0000:1a:00.0", str(vf / "physfn"))
+    _device(tmp_path, "0000:c4:00.0", "0x10de", "0x068000", width="2")      # NVSwitch
+    _device(tmp_path, "0000:01:00.0", "0x8086", "0x020000", width="1")      # another NIC
+    r = run(tmp_path, gpus=H100)
+    assert summary(r) == [("pcie-link-down", "fail", "reboot", [0], None)]
+    assert set(r["facts"]) == {"pcie.gpu0.width", "pcie.gpu0.max_width", "pcie.gpu0.max_gen"}
+
+
+def test_no_pci_tree(tmp_path):
+    assert run(tmp_path) == {"findings": [], "facts": {}}
+
+
+def test_every_finding_has_the_contract_shape(tmp_path):
+    root = dgx_a100_tree("gcm-compute_samsung980pro-downgraded.json", tmp_path)
+    (dev(root, GPU_BDFS[1]) / "current_link_width").write_text("4\n")
+    (dev(root, GPU_BDFS[1]) / "aer_dev_fatal").write_text("DLP 1\nTOTAL_ERR_FATAL 1\n")
+    findings = run(root)["findings"]
+    assert len(findings) == 3
+    for f in findings:
+        assert f["check"] == "pcie" and "\n" not in f["message"]
+        assert f["level"] in ("info", "warn", "fail")
+        assert f["action"] in ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
+        assert bool(f.get("gpus")) != bool(f.get("ports"))
+
+
+def test_script_is_stdlib_only_python38():
+    tree = ast.parse((SCRIPTS / "pcie.py").read_text(), feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"os", "re"}
+    code = "import sys; sys.path.insert(0, %r); import pcie; print(pcie.CHECK)" % str(SCRIPTS)
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         universal_newlines=True, timeout=60, check=True).stdout
+    assert out.strip() == "pcie"
+
+
+# ---------------------------------------------------------------- lspci -vvv (an H100 HGX)
+
+H100_LSPCI = FIX / "derived__lspci-vvv.h100-hgx.links"
+H100_GPU_BDFS = ["19", "3b", "4c", "5d", "9b", "bb", "cb", "db"]
+H100_GPUS = [{"index": i, "pci": "00000000:%s:00.0" % b.upper(), "name": "NVIDIA H100 80GB HBM3"}
+             for i, b in enumerate(H100_GPU_BDFS)]
+
+
+def test_lspci_h100_hgx_healthy():
+    text = H100_LSPCI.read_text()
+    assert len(pcie.parse_lspci_vvv(text)) == 102
+    devices = pcie.devices_from_lspci(text)
+    assert [d["bdf"] for d in devices if d["kind"] == "gpu"] == \
+        ["0000:%s:00.0" % b for b in H100_GPU_BDFS]
+    assert len([d for d in devices if d["kind"] == "nic"]) == 12   # 8 ConnectX-7, 2x2 CX-6 Dx
+    findings, facts = pcie.assess(devices, H100_GPUS)
+    # the PEX890xx switch ports, the BMC's Broadcom NIC and the Intel root ports that lspci
+    # marks "(downgraded)" are neither GPUs nor ConnectX NICs
+    assert findings == []
+    for i in range(8):
+        assert (facts["pcie.gpu%d.width" % i], facts["pcie.gpu%d.max_gen" % i]) == (16, 5)
+    assert (facts["pcie.0000:1a:00.0.gen"], facts["pcie.0000:1b:00.0.gen"]) == (5, 4)
+
+
+def test_lspci_derived_gpu_at_x8():
+    text = H100_LSPCI.read_text()
+    head = "19:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)\n"
+    assert head in text
+    i = text.index(head) + len(head)
+    j = text.index("LnkSta:", i)
+    k = text.index("\n", j)
+    text = text[:j] + "LnkSta:\tSpeed 32GT/s (ok), Width x8 (downgraded)" + text[k:]
+    findings, facts = pcie.assess(pcie.devices_from_lspci(text), H100_GPUS)
+    assert [(f["code"], f["level"], f["action"], f["gpus"]) for f in findings] == \
+        [("pcie-width-low", "fail", "reboot", [0])]
+    assert findings[0]["message"] == "GPU 0: PCIe link x8, expected x16"
+
+
+def test_lspci_header_forms():
+    text = ("0000:19:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] "
+            "[10de:2330] (rev a1)\n"
+            "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM L1, Exit Latency L1 <4us\n"
+            "\t\tLnkSta:\tSpeed 16GT/s (downgraded), Width x16 (ok)\n"
+            "1a:00.1 Ethernet controller [0200]: Mellanox Technologies ConnectX Family "
+            "mlx5Gen Virtual Function [15b3:101e]\n"
+            "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16\n"
+            "\t\tLnkSta:\tSpeed 32GT/s, Width x16\n")
+    parsed = pcie.parse_lspci_vvv(text)
+    assert [(d["bdf"], d["class_name"], d["speed"], d["width"], d["max_speed"]) for d in parsed] \
+        == [("0000:19:00.0", "3D controller", 16.0, 16, 32.0),
+            ("0000:1a:00.1", "Ethernet controller", 32.0, 16, 32.0)]
+    devices = pcie.devices_from_lspci(text)
+    assert [(d["kind"], d["gen"], d["max_gen"]) for d in devices] == [("gpu", 4, 5)]  # VF skipped
