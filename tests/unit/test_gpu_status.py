@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -1058,3 +1059,27 @@ def test_one_gpu_is_said_in_the_singular():
     assert [gs.count_gpus(n) for n in (0, 1, 2, 8)] == ["0 GPUs", "1 GPU", "2 GPUs", "8 GPUs"]
     from diagnostics import render
     assert render.count(1, "GPU") == "1 GPU" and render.count(80, "GPU") == "80 GPUs"
+
+
+def test_every_finding_code_has_the_action_its_docstring_table_says():
+    """The module docstring's table (code, level, action) is CODE_ACTION; every action is on
+    node-check's scale."""
+    rows = {}
+    for line in gs.__doc__.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] in ("fail", "warn", "info") and re.match(r"^[a-z-]+$", parts[0]):
+            rows[parts[0]] = parts[2]
+    assert set(rows) == set(gs.CODE_ACTION)
+    for code, action in rows.items():
+        if action not in ("by", "catalog"):
+            assert gs.CODE_ACTION[code] == action, code
+    scale = ["none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma"]
+    assert set(gs.CODE_ACTION.values()) | set(gs.NVIDIA_SMI_ACTION.values()) <= set(scale)
+
+
+@pytest.mark.parametrize("code,action", [(15, "reboot"), (14, "rma"), (8, "drain"), (9, "reboot"),
+                                         (4, "none"), (12, "none"), (255, "monitor"), (2, "monitor")])
+def test_nvidia_smi_exit_codes_have_their_action(code, action):
+    run = types.SimpleNamespace(start_error=None, timed_out=False, returncode=code, output="", argv=["nvidia-smi"])
+    f = gs.smi_failure(run, "--query-gpu", 10)
+    assert (f["code"], f["action"]) == ("nvidia-smi-failed", action)
