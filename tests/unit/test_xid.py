@@ -298,3 +298,19 @@ def test_check_uses_the_log_node_check_read():
     r = xid.check({"gpus": 8}, None, kernel_log=log, gpus=INVENTORY, sys_root="/sys", dcgm_level=None)
     assert [f["code"] for f in r["findings"]] == ["sxid-20034", "xid-79"]
     assert r["facts"] == {} and r["data"] == {"source": "file:/x", "events": 6}
+
+
+def test_python38_syntax_and_stdlib_only():
+    import ast
+    import sys
+    src = (ROOT / "diagnostics" / "scripts" / "xid.py").read_text(encoding="utf-8")
+    tree = ast.parse(src, feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported == {"__future__", "json", "os", "re"}
+    if hasattr(sys, "stdlib_module_names"):
+        assert imported <= set(sys.stdlib_module_names) | {"__future__"}
