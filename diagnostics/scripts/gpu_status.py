@@ -25,40 +25,59 @@ asked), kernel_log ({"source", "xids"} or {"source": None, "error"}).
 A finding about particular GPUs names them in ``gpus`` (their indices); identical findings of
 several GPUs are one finding, "GPUs 0-3,5-7: ...", listing all of them.
 
-Finding levels:
+Finding levels and actions (``action``: what to do about the node, least to most severe
+none < monitor < app < reset-gpu < reboot < drain < rma; the same scale as node-check):
 
-==========================  =====  =========================================================
-code                        level  when
-==========================  =====  =========================================================
-gpu-count-low               fail   fewer GPUs visible than ``--expect-gpus``
-gpu-count-high              warn   more GPUs visible than ``--expect-gpus``
-gpu-lost                    fail   nvidia-smi: "Unable to determine the device handle ... GPU is lost"
-gpu-row-error               warn   a GPU row that could not be read (kept as a row with ``error``)
-nvidia-smi-failed           fail   nvidia-smi exited non-zero (the code's meaning from nvidia-smi(1))
-nvidia-smi-timeout          fail   nvidia-smi ran past ``--timeout``
-nvidia-smi-unusable         fail   nvidia-smi could not be started (permissions, bad path)
-nvml-failed                 fail   NVML could not be initialised
-no-nvidia-tools             warn   neither nvidia-smi nor libnvidia-ml.so.1 (fail with --expect-gpus N>0)
-amd-unsupported             warn   no NVIDIA tools, but amd-smi/rocm-smi: "AMD GPUs: not supported yet"
-gaudi-unsupported           warn   no NVIDIA tools, but hl-smi: "Gaudi: not supported yet"
-ecc-uncorrectable           fail   uncorrectable ECC errors since the driver loaded (volatile)
-ecc-uncorrectable-history   warn   uncorrectable ECC errors in the lifetime count only (aggregate)
-remap-failure               fail   a row remapping failed (the GPU is out of spare rows)
-remap-pending               warn   a row remapping waits for a GPU reset
-retired-pages-pending       warn   page retirement waits for a reboot (pre-Ampere GPUs)
-clocks-hw-thermal           fail   HW thermal slowdown reported (cooling); said with the SM clock read beside it
-clocks-hw-power-brake       fail   HW power brake slowdown active (external power brake: PSU)
-clocks-hw-slowdown          warn   HW slowdown active without either of the two above
-clocks-sw-thermal           warn   SW thermal slowdown active (above max operating temperature)
-clocks-sw-power-cap         info   SW power cap active (normal under full load)
-mig-pending                 warn   MIG mode changes at the next GPU reset
-persistence-off             warn   persistence mode off (driver reinitialised per client)
-gpu-busy                    info   compute processes hold GPU memory (warn with --expect-idle)
-gpu-memory-unattributed     info   memory in use, no process visible (warn with --expect-idle)
-xid-fatal                   fail   an Xid after which NVIDIA's catalog resets the GPU or restarts the node
-                                   (FATAL_XIDS) in the kernel log
-xid                         warn   any other Xid in the kernel log
-==========================  =====  =========================================================
+==========================  =====  =========  ==================================================
+code                        level  action     when
+==========================  =====  =========  ==================================================
+gpu-count-low               fail   reboot     fewer GPUs visible than ``--expect-gpus`` (a GPU missing
+                                              from nvidia-smi is usually off the bus: Xid 79, RESTART_BM)
+gpu-count-high              warn   monitor    more GPUs visible than ``--expect-gpus``
+gpu-lost                    fail   reboot     nvidia-smi: "Unable to determine the device handle ... GPU
+                                              is lost" (NVIDIA: Xid 79 -> restart the machine; drain it
+                                              if it comes back)
+gpu-row-error               warn   monitor    a GPU row that could not be read (kept as a row with ``error``)
+nvidia-smi-failed           fail   by code    nvidia-smi exited non-zero (the code's meaning from
+                                              nvidia-smi(1)); NVIDIA_SMI_ACTION: 15 (off the bus),
+                                              9 (driver not loaded), 10 (interrupt issue), 13 (NVML
+                                              mismatch) reboot; 14 (infoROM corrupt) rma; 8 (power
+                                              cables) drain; 4 (permission), 12 (no NVML library) none;
+                                              others monitor
+nvidia-smi-timeout          fail   reboot     nvidia-smi ran past ``--timeout`` (a hung tool: node-check's rule)
+nvidia-smi-unusable         fail   none       nvidia-smi could not be started (permissions, bad path)
+nvml-failed                 fail   monitor    NVML could not be initialised
+no-nvidia-tools             warn   none       neither nvidia-smi nor libnvidia-ml.so.1 (fail and drain
+                                              with --expect-gpus N>0: the node cannot run GPU jobs)
+amd-unsupported             warn   none       no NVIDIA tools, but amd-smi/rocm-smi: "AMD GPUs: not supported yet"
+gaudi-unsupported           warn   none       no NVIDIA tools, but hl-smi: "Gaudi: not supported yet"
+ecc-uncorrectable           fail   reset-gpu  uncorrectable ECC errors since the driver loaded (volatile);
+                                              NVIDIA's row remapping: a reset applies the pending remap
+ecc-uncorrectable-history   warn   monitor    uncorrectable ECC errors in the lifetime count only (aggregate)
+remap-failure               fail   rma        a row remapping failed (the GPU is out of spare rows:
+                                              NVIDIA's row-remapping docs send it back)
+remap-pending               warn   reset-gpu  a row remapping waits for a GPU reset
+retired-pages-pending       warn   reset-gpu  page retirement waits for a driver reload (pre-Ampere GPUs)
+clocks-hw-thermal           fail   monitor    HW thermal slowdown reported (cooling); said with the SM
+                                              clock read beside it
+clocks-hw-power-brake       fail   monitor    HW power brake slowdown active (external power brake: PSU)
+clocks-hw-slowdown          warn   monitor    HW slowdown active without either of the two above
+clocks-sw-thermal           warn   monitor    SW thermal slowdown active (above max operating temperature)
+clocks-sw-power-cap         info   none       SW power cap active (normal under full load)
+mig-pending                 warn   reset-gpu  MIG mode changes at the next GPU reset
+persistence-off             warn   monitor    persistence mode off (driver reinitialised per client)
+gpu-busy                    info   none       compute processes hold GPU memory (warn with --expect-idle)
+gpu-memory-unattributed     info   none       memory in use, no process visible (warn with --expect-idle)
+xid-fatal                   fail   catalog    an Xid whose action in xid_catalog.json is reset-gpu or worse
+                                              (xid.py's rules: e.g. 79 reboot, 48 reset-gpu, 48 with
+                                              63/64 drain)
+xid                         warn   catalog    any other Xid (13/31/43/94: app; 63/92: monitor); without
+                                              xid.py beside this script: "Xid N (catalog not shipped)", monitor
+==========================  =====  =========  ==================================================
+
+Xid naming, severity and action come from xid.py and xid_catalog.json, shipped beside this
+script (one catalog for node-check, gpu-status and scan-log); run by hand without them, the
+Xids are still listed, unclassified.
 """
 
 from __future__ import annotations
@@ -133,23 +152,24 @@ CLOCK_EVENT_REASONS = [
     (0x0000000000000100, "display_clock_setting", "display clock setting"),
 ]
 
-# Xids after which NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket
-# (Immediate Action)") resets the GPU or restarts the node or VM: RESET_GPU, RESTART_BM,
-# RESTART_VM, WORKFLOW_XID_48, plus 74 (WORKFLOW_NVLINK_ERR: NVLink faults, mostly a reset).
-# 63/92 (IGNORE) and 94 (RESTART_APP) stay warnings; the NVML checks report the memory itself.
-# scan_log.py keeps the same set; tests/unit/test_xid_catalog.py pins both to the catalog.
-FATAL_XIDS = frozenset([46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 151, 155,
-                        156, 158])
-XID_NAMES = {
-    13: "graphics engine exception", 31: "GPU memory page fault", 32: "invalid or corrupted push buffer",
-    43: "GPU stopped processing", 45: "preemptive cleanup", 48: "double bit ECC error",
-    61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping event", 64: "ECC page retirement or row remapping failure",
-    68: "video processor exception", 69: "graphics engine class error", 74: "NVLink error",
-    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
-    94: "contained ECC error", 95: "uncontained ECC error", 109: "context switch timeout",
-    119: "GSP RPC timeout", 120: "GSP error", 154: "GPU recovery action changed",
+# What to do after each exit code of nvidia-smi (the module docstring's table).
+NVIDIA_SMI_ACTION = {4: "none", 8: "drain", 9: "reboot", 10: "reboot", 12: "none", 13: "reboot",
+                     14: "rma", 15: "reboot"}
+# Each finding code's action (the module docstring's table); Xid findings take theirs from the
+# catalog, nvidia-smi-failed from NVIDIA_SMI_ACTION, no-nvidia-tools from its level.
+CODE_ACTION = {
+    "gpu-count-low": "reboot", "gpu-count-high": "monitor", "gpu-lost": "reboot",
+    "gpu-row-error": "monitor", "nvidia-smi-failed": "monitor", "nvidia-smi-timeout": "reboot",
+    "nvidia-smi-unusable": "none", "nvml-failed": "monitor", "no-nvidia-tools": "none",
+    "amd-unsupported": "none", "gaudi-unsupported": "none", "ecc-uncorrectable": "reset-gpu",
+    "ecc-uncorrectable-history": "monitor", "remap-failure": "rma", "remap-pending": "reset-gpu",
+    "retired-pages-pending": "reset-gpu", "clocks-hw-thermal": "monitor",
+    "clocks-hw-power-brake": "monitor", "clocks-hw-slowdown": "monitor",
+    "clocks-sw-thermal": "monitor", "clocks-sw-power-cap": "none", "mig-pending": "reset-gpu",
+    "persistence-off": "monitor", "gpu-busy": "none", "gpu-memory-unattributed": "none",
+    "xid-fatal": "reset-gpu", "xid": "monitor",
 }
+# An Xid line, for when xid.py is not beside this script (run by hand).
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?")
 
 # The query: logical key -> nvidia-smi field names, newest first (an older driver knows the last).
@@ -703,8 +723,10 @@ def smi_failure(run, what, timeout):
         msg = "nvidia-smi exited with %d (%s)" % (code, meaning)
         if said:
             msg += ": %s" % said
-        return finding("fail", "nvidia-smi-failed", msg, hint=NVIDIA_SMI_HINT.get(code),
-                       short="nvidia-smi failed (%d: %s)" % (code, meaning))
+        f = finding("fail", "nvidia-smi-failed", msg, hint=NVIDIA_SMI_HINT.get(code),
+                    short="nvidia-smi failed (%d: %s)" % (code, meaning))
+        f["action"] = NVIDIA_SMI_ACTION.get(code, "monitor")
+        return f
     return None
 
 
@@ -1287,22 +1309,66 @@ def xid_gpus(pcis, data):
     return [by_pci[k] for k in (pci_key(p) for p in pcis) if k in by_pci]
 
 
-def scan_xids(text):
-    """Kernel log text -> [{"xid", "name", "fatal", "count", "pci", "first", "last"}], by Xid number."""
+_XID_MODULE = []
+
+
+def load_xid():
+    """xid.py from this script's directory (the bundle ships it there with xid_catalog.json, and
+    the run's temp dir is on sys.path), its catalog loaded; None when either is missing."""
+    if not _XID_MODULE:
+        mod = None
+        try:
+            here = os.path.dirname(os.path.abspath(__file__))
+            path = os.path.join(here, "xid.py")
+            if os.path.isfile(path):
+                import importlib.util
+                spec = importlib.util.spec_from_file_location("mldiag_xid", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                mod.load_catalog()
+        except (ImportError, OSError, ValueError, SyntaxError, KeyError):
+            mod = None
+        _XID_MODULE.append(mod)
+    return _XID_MODULE[0]
+
+
+def scan_xids(text, gpus=None):
+    """Kernel log text -> [{"xid", "name", "fatal", "action", "count", "pci", "first", "last"}], by
+    Xid number; name/fatal/action from xid_catalog.json (fatal: its action is reset-gpu or worse;
+    the worst action over the Xid's GPUs, 48 with 63/64 on one GPU: drain). ``gpus``: the
+    inventory as node-check passes it ({"index", "pci"}). Without xid.py: name "catalog not
+    shipped", not fatal, action monitor."""
+    lines = text.splitlines()
+    xm = load_xid()
+    if xm is None:
+        hits = []
+        for n, line in enumerate(lines, 1):
+            m = XID_RE.search(line)
+            if m:
+                hits.append((int(m.group(2)), m.group(1), n))
+        actions = {}
+    else:
+        events = [e for e in xm.parse_kernel_log(text) if e["kind"] == "xid"]
+        hits = [(e["code"], e["pci"], e["line"]) for e in events]
+        actions = {}
+        for f in xm.classify(events, gpus or []):
+            code = int(f["code"].split("-", 1)[1])
+            actions[code] = xm.worst_action([actions.get(code, "none"), f["action"]])
     by_xid = {}
-    for line in text.splitlines():
-        m = XID_RE.search(line)
-        if not m:
-            continue
-        xid = int(m.group(2))
-        e = by_xid.get(xid)
+    for code, pci, n in hits:
+        e = by_xid.get(code)
         if e is None:
-            e = by_xid[xid] = {"xid": xid, "name": XID_NAMES.get(xid), "fatal": xid in FATAL_XIDS,
-                               "count": 0, "pci": [], "first": line.strip()[:400]}
+            if xm is None:
+                name, action, fatal = "catalog not shipped", "monitor", False
+            else:
+                name, action = xm.xid_info(code)["name"], actions.get(code, "monitor")
+                fatal = xm.LEVEL_OF[action] == "fail"
+            e = by_xid[code] = {"xid": code, "name": name, "fatal": fatal, "action": action,
+                                "count": 0, "pci": [], "first": lines[n - 1].strip()[:400]}
         e["count"] += 1
-        if m.group(1) not in e["pci"]:
-            e["pci"].append(m.group(1))
-        e["last"] = line.strip()[:400]
+        if pci not in e["pci"]:
+            e["pci"].append(pci)
+        e["last"] = lines[n - 1].strip()[:400]
     return [by_xid[k] for k in sorted(by_xid)]
 
 
@@ -1607,21 +1673,28 @@ def run(args) -> dict:
         if source is None:
             data["kernel_log"] = {"source": None, "error": text}
         else:
-            xids = scan_xids(text)
+            inventory = [{"index": g.get("index"), "pci": g.get("pci_bus_id")}
+                         for g in (data.get("gpus") or []) + (data.get("lost_gpus") or [])]
+            xids = scan_xids(text, inventory)
             data["kernel_log"] = {"source": source, "xids": xids}
+            xm = load_xid()
             for x in xids:
                 what = "Xid %d%s" % (x["xid"], " (%s)" % x["name"] if x["name"] else "")
-                findings.append(finding(
+                f = finding(
                     "fail" if x["fatal"] else "warn", "xid-fatal" if x["fatal"] else "xid",
                     "%s seen %d time%s in the kernel log (%s), last: %s"
                     % (what, x["count"], "" if x["count"] == 1 else "s", ", ".join(x["pci"]), x["last"]),
-                    hint="look the Xid up in NVIDIA's Xid catalogue; fatal ones need a GPU reset or a "
-                         "reboot, repeated ones a drained node" if x["fatal"] else
-                         "usually an application fault (bad kernel, out-of-bounds access); repeated on "
-                         "one GPU, suspect the GPU",
-                    short="%s in kernel log" % what, gpus=xid_gpus(x["pci"], data)))
+                    hint=(xm.HINTS.get(x["action"]) if xm else None) or
+                    "look the Xid up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+                    short="%s in kernel log" % what, gpus=xid_gpus(x["pci"], data))
+                f["action"] = x["action"]
+                findings.append(f)
 
     analyse(data, args, findings)
+    for f in findings:
+        if "action" not in f:
+            f["action"] = "drain" if f["code"] == "no-nvidia-tools" and f["level"] == "fail" else \
+                CODE_ACTION.get(f["code"], "monitor")
     findings = fold_gpu_findings(findings)
     findings.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))  # worst first, stable within a level
     worst = max([LEVEL_RANK.get(f["level"], 3) for f in findings] + [0])

@@ -34,12 +34,19 @@ reports, one finding per kind, with its count and first/last line:
   nccl         NCCL errors and collective timeouts (``NCCL error``,
                ``ncclInternalError``, ``Watchdog caught collective operation
                timeout``, error-level ProcessGroupNCCL lines)
-  xid-fatal    NVIDIA Xid events after which NVIDIA's Xid catalog resets the GPU
-               or restarts the node (FATAL_XIDS: 46, 48, 62, 64, 74, 79, 95, ...)
+  xid-fatal    NVIDIA Xid events whose action in xid_catalog.json is a GPU reset or
+               worse (xid.py's rules from NVIDIA's Xid catalog: 79, 48, 119, ...)
   xid          any other Xid (usually an application fault, e.g. 13, 31, 43): warn
   killed       killed processes (``Killed``, oom-killer, ``exit code -9``, ``signal 9``)
 
-Every kind is ``fail`` except ``xid`` (``warn``). Counts are lines, not events: one
+Every kind is ``fail`` except ``xid`` (``warn``). Every finding carries an ``action`` (the
+node-check scale none < monitor < app < reset-gpu < reboot < drain < rma): the training
+failures (traceback, empty-error, nan-loss, cuda-oom, nccl, killed) are ``app`` -- the job's
+to fix, not the node's; an Xid finding takes the worst action of its Xids from the catalog
+(48 with 63/64 on the same GPU: drain); log-not-found / log-unreadable: ``none``. The Xid
+catalog is xid.py + xid_catalog.json, shipped beside this script (the one catalog of
+node-check and gpu-status); run by hand without them, Xid lines are all ``xid`` (warn,
+monitor) and the finding says "catalog not shipped". Counts are lines, not events: one
 NCCL timeout is typically reported on several lines. Source lines inside a
 traceback (frames, code, carets) are not classified, its exception line is.
 Line numbers are the file's own (1-based) when the part before the tail is at
@@ -100,13 +107,29 @@ KINDS = collections.OrderedDict([
                 "or a scheduler memory/time limit")),
 ])
 
-# Xids after which NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket
-# (Immediate Action)") resets the GPU or restarts the node or VM: RESET_GPU, RESTART_BM,
-# RESTART_VM, WORKFLOW_XID_48, plus 74 (WORKFLOW_NVLINK_ERR: NVLink faults, mostly a reset).
-# 63/92 (IGNORE) and 94 (RESTART_APP) stay warnings. gpu_status.py keeps the same set;
-# tests/unit/test_xid_catalog.py pins both to the catalog.
-FATAL_XIDS = frozenset([46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 151, 155,
-                        156, 158])
+KIND_ACTION = {"traceback": "app", "empty-error": "app", "nan-loss": "app", "cuda-oom": "app",
+               "nccl": "app", "xid-fatal": "reset-gpu", "xid": "monitor", "killed": "app"}
+_XID_MODULE = []
+
+
+def load_xid():
+    """xid.py from this script's directory (shipped there with xid_catalog.json), its catalog
+    loaded; None when either is missing (the script still runs, Xids unclassified)."""
+    if not _XID_MODULE:
+        mod = None
+        try:
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xid.py")
+            if os.path.isfile(path):
+                import importlib.util
+                spec = importlib.util.spec_from_file_location("mldiag_xid", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                mod.load_catalog()
+        except (ImportError, OSError, ValueError, SyntaxError, KeyError):
+            mod = None
+        _XID_MODULE.append(mod)
+    return _XID_MODULE[0]
+
 
 _TB_HEADER = re.compile(r"^(.*?)Traceback \(most recent call last\):\s*$")
 _CHAIN = re.compile(r"^(During handling of the above exception, another exception occurred:"
@@ -508,7 +531,10 @@ def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
     if m:
         xid = int(m.group(2))
         device = m.group(1)[4:] if m.group(1).startswith("PCI:") else m.group(1)
-        hits.append(("xid-fatal" if xid in FATAL_XIDS else "xid", {"xid": xid, "device": device}))
+        xm = load_xid()
+        action = xm.event_action({"kind": "xid", "code": xid, "text": line}) if xm else "monitor"
+        fatal = xm is not None and xm.LEVEL_OF[action] == "fail"
+        hits.append(("xid-fatal" if fatal else "xid", {"xid": xid, "device": device, "action": action}))
     if ("kill" in low or "-9" in low or "137" in low or "signal" in low or "out of memory" in low) \
             and _KILLED.search(line):
         hits.append(("killed", None))
@@ -561,10 +587,29 @@ def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
             key = "%d on %s" % (e["xid"], e["device"])
             counts[key] = counts.get(key, 0) + 1
         msg += " (Xid %s)" % ", ".join(k if c == 1 else "%s \u00d7%d" % (k, c) for k, c in counts.items())
+        if load_xid() is None:
+            msg += " (catalog not shipped)"
     msg += " \u2014 first at %s: %s" % (_where(first, where), _quote(first))
     if bucket.count > 1:
         msg += "; last at %s: %s" % (_where(last, where), _quote(last))
-    return {"level": level, "code": kind, "message": msg, "hint": hint}
+    return {"level": level, "code": kind, "message": msg, "hint": hint, "action": KIND_ACTION[kind]}
+
+
+def _xid_actions(findings, buckets):
+    """Each Xid finding's action: the worst of its Xids', after xid.py's rules across lines
+    (48 with 63 or 64 on the same device: drain), over the lines kept of both Xid kinds."""
+    xm = load_xid()
+    if xm is None:
+        return
+    events = [{"kind": "xid", "code": e["xid"], "pci": e["device"], "text": e["text"], "line": e["line"],
+               "time": None} for k in ("xid-fatal", "xid") for e in buckets[k].entries()]
+    by_code = {}
+    for f in xm.classify(events, []):
+        code = int(f["code"].split("-", 1)[1])
+        by_code[code] = xm.worst_action([by_code.get(code, "none"), f["action"]])
+    for f in findings:
+        if f["code"] in ("xid-fatal", "xid"):
+            f["action"] = xm.worst_action([by_code.get(e["xid"], "monitor") for e in buckets[f["code"]].entries()])
 
 
 def _empty_data(path: str, args) -> dict:
@@ -587,7 +632,8 @@ def run(args) -> dict:
         return {"status": "fail", "summary": "log not found: %s" % path,
                 "findings": [{"level": "fail", "code": "log-not-found",
                               "message": "log not found: %s" % path,
-                              "hint": "check the path on the target (it is resolved there, not locally)"}],
+                              "hint": "check the path on the target (it is resolved there, not locally)",
+                              "action": "none"}],
                 "data": data}
     try:
         raw, first, size, window_start = tail_lines(path, args.lines, max_bytes, COUNT_PREFIX_LIMIT)
@@ -597,7 +643,8 @@ def run(args) -> dict:
         return {"status": "fail", "summary": "log not readable: %s (%s)" % (path, reason),
                 "findings": [{"level": "fail", "code": "log-unreadable",
                               "message": "log not readable: %s (%s)" % (path, reason),
-                              "hint": "run as a user that can read it (hosts.yaml: become: sudo)"}],
+                              "hint": "run as a user that can read it (hosts.yaml: become: sudo)",
+                              "action": "none"}],
                 "data": data}
     lines = [_decode(r) for r in raw]
     absolute = first is not None
@@ -617,6 +664,7 @@ def run(args) -> dict:
         "omitted": collections.OrderedDict((k, b.omitted()) for k, b in buckets.items()),
     })
     findings = [_finding(k, b, where) for k, b in buckets.items() if b.count]
+    _xid_actions(findings, buckets)
     levels = [f["level"] for f in findings]
     status = "fail" if "fail" in levels else ("warn" if "warn" in levels else "ok")
     if not lines:

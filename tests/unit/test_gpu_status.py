@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import load_script
+from tests.programs import load_module, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
@@ -374,7 +375,8 @@ def test_identical_per_gpu_findings_fold_into_one_naming_its_gpus(smi_env, monke
         "level": "info", "code": "gpu-memory-unattributed", "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
         "message": "GPUs 0-7: 60 GiB in use and no process visible: memory held by processes not "
                    "visible in this PID namespace",
-        "hint": "run gpu-status on the host (or a container sharing its PID namespace) to see them"}]
+        "hint": "run gpu-status on the host (or a container sharing its PID namespace) to see them",
+        "action": "none"}]
 
 
 def test_folding_keeps_gpus_apart_where_their_findings_differ():
@@ -408,7 +410,8 @@ def test_folded_remap_hint_names_each_gpu():
 def test_busy_gpu(smi_env, monkeypatch):
     r = gpu_status("--expect-gpus", "8", capture="derived__h200x8__busy-pid-4242.txt", monkeypatch=monkeypatch)
     assert r["findings"] == [{"level": "info", "code": "gpu-busy",
-                              "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3]}]
+                              "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3],
+                              "action": "none"}]
     assert r["status"] == "ok"
     assert r["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
     assert r["data"]["processes"] == [{"gpu": 3, "pid": 4242, "name": "python", "used_memory_mib": 72704,
@@ -860,7 +863,9 @@ def test_xids_from_a_kernel_log(smi_env, monkeypatch, tmp_path):
     fatal = [f for f in r["findings"] if f["code"] == "xid-fatal"][0]
     assert fatal["message"].startswith("Xid 79 (GPU has fallen off the bus) seen 2 times in the kernel log (0000:ba:00)")
     xids = r["data"]["kernel_log"]["xids"]
-    assert [(x["xid"], x["count"], x["fatal"]) for x in xids] == [(13, 1, False), (79, 2, True)]
+    assert [(x["xid"], x["count"], x["fatal"], x["action"]) for x in xids] == [(13, 1, False, "app"),
+                                                                            (79, 2, True, "reboot")]
+    assert [f["action"] for f in r["findings"]] == ["reboot", "app"]
     assert r["status"] == "fail"
 
 
@@ -877,14 +882,50 @@ def test_xids_name_the_gpus_at_their_pci_addresses(smi_env, monkeypatch, tmp_pat
     by_code = {f["code"]: f for f in r["findings"]}
     assert by_code["xid-fatal"]["gpus"] == [6] and by_code["gpu-lost"]["gpus"] == [6]
     assert by_code["xid"]["gpus"] == [0, 5]          # 0000:77:00 is no GPU of this machine
+    assert (by_code["gpu-lost"]["action"], by_code["xid-fatal"]["action"], by_code["xid"]["action"]) == \
+        ("reboot", "reboot", "app")
     assert gs.pci_key("00000000:BA:00.0") == gs.pci_key("0000:ba:00") == (0, 0xBA, 0)
     assert gs.pci_key("junk") is None and gs.pci_key("x:y:z") is None
 
 
-@pytest.mark.parametrize("xid", sorted(gs.FATAL_XIDS))
-def test_fatal_xids(xid):
+# Hand-written from xid_catalog.json's rows (tests/unit/test_xid_catalog.py pins them to NVIDIA's
+# catalog): (Xid, fatal, action).
+XID_GRADES = [(79, True, "reboot"), (48, True, "reset-gpu"), (119, True, "reset-gpu"), (64, True, "reset-gpu"),
+              (142, True, "rma"), (13, False, "app"), (43, False, "app"), (94, False, "app"),
+              (63, False, "monitor"), (61, False, "monitor")]
+
+
+@pytest.mark.parametrize("xid,fatal,action", XID_GRADES)
+def test_xids_graded_by_the_shared_catalog(xid, fatal, action):
     (x,) = gs.scan_xids("NVRM: Xid (PCI:0000:01:00): %d, pid=1, something\n" % xid)
-    assert x["fatal"] and x["xid"] == xid
+    assert (x["xid"], x["fatal"], x["action"]) == (xid, fatal, action)
+
+
+def test_dbe_with_a_row_remap_on_the_same_gpu_drains(smi_env, monkeypatch):
+    """The recorded ISO-format log (tests/fixtures/xid): Xid 48 then 63 on 0000:19:00 -> NVIDIA's
+    DRAIN_AND_RESET; 94 (contained ECC) is the application's."""
+    log = ROOT / "tests" / "fixtures" / "xid" / "gpud-dmesg-time-format-iso.log"
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H100)
+    r = gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE), "--kernel-log-file", str(log)]))
+    xids = [(x["xid"], x["count"], x["fatal"], x["action"]) for x in r["data"]["kernel_log"]["xids"]]
+    assert xids == [(48, 1, True, "drain"), (63, 1, False, "monitor"), (94, 9, False, "app")]
+    fatal = [f for f in r["findings"] if f["code"] == "xid-fatal"]
+    assert [(f["level"], f["action"]) for f in fatal] == [("fail", "drain")]
+    assert fatal[0]["message"].startswith("Xid 48 (Double Bit ECC Error) seen 1 time in the kernel log (0000:19:00)")
+
+
+def test_without_xid_py_beside_it_the_xids_are_listed_unclassified(tmp_path, monkeypatch):
+    """Run by hand from a directory without xid.py: "Xid N (catalog not shipped)", no crash."""
+    alone = tmp_path / "gpu_status.py"
+    alone.write_text(SCRIPT.read_text())
+    lone = load_module(alone, "mldiag_test_gpu_status_alone")
+    log = tmp_path / "k.log"
+    log.write_text("[ 3.0] NVRM: Xid (PCI:0000:ba:00): 79, pid=1, GPU has fallen off the bus.\n")
+    r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off",
+                                                 "--kernel-log-file", str(log)]))
+    (f,) = [f for f in r["findings"] if f["code"].startswith("xid")]
+    assert (f["code"], f["level"], f["action"]) == ("xid", "warn", "monitor")
+    assert f["message"].startswith("Xid 79 (catalog not shipped) seen 1 time in the kernel log (0000:ba:00)")
 
 
 def test_live_kernel_log_is_bounded():
@@ -992,7 +1033,7 @@ def test_python38_syntax_and_stdlib_only(path):
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "argparse", "errno", "json", "os", "re", "shutil", "signal", "subprocess", "sys",
-               "time", "ctypes", "pynvml"}
+               "time", "ctypes", "pynvml", "importlib"}
     assert imported <= allowed, imported - allowed
     assert "diagnostics" not in imported
     for newer in ("removeprefix", "removesuffix", "functools.cache", "zoneinfo", "graphlib"):
@@ -1018,3 +1059,27 @@ def test_one_gpu_is_said_in_the_singular():
     assert [gs.count_gpus(n) for n in (0, 1, 2, 8)] == ["0 GPUs", "1 GPU", "2 GPUs", "8 GPUs"]
     from diagnostics import render
     assert render.count(1, "GPU") == "1 GPU" and render.count(80, "GPU") == "80 GPUs"
+
+
+def test_every_finding_code_has_the_action_its_docstring_table_says():
+    """The module docstring's table (code, level, action) is CODE_ACTION; every action is on
+    node-check's scale."""
+    rows = {}
+    for line in gs.__doc__.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] in ("fail", "warn", "info") and re.match(r"^[a-z-]+$", parts[0]):
+            rows[parts[0]] = parts[2]
+    assert set(rows) == set(gs.CODE_ACTION)
+    for code, action in rows.items():
+        if action not in ("by", "catalog"):
+            assert gs.CODE_ACTION[code] == action, code
+    scale = ["none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma"]
+    assert set(gs.CODE_ACTION.values()) | set(gs.NVIDIA_SMI_ACTION.values()) <= set(scale)
+
+
+@pytest.mark.parametrize("code,action", [(15, "reboot"), (14, "rma"), (8, "drain"), (9, "reboot"),
+                                         (4, "none"), (12, "none"), (255, "monitor"), (2, "monitor")])
+def test_nvidia_smi_exit_codes_have_their_action(code, action):
+    run = types.SimpleNamespace(start_error=None, timed_out=False, returncode=code, output="", argv=["nvidia-smi"])
+    f = gs.smi_failure(run, "--query-gpu", 10)
+    assert (f["code"], f["action"]) == ("nvidia-smi-failed", action)

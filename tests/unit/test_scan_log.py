@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.programs import load_script
+from tests.programs import load_module, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "scan_log.py"
@@ -202,6 +202,37 @@ def test_xid_fixture_numbers_devices_and_levels():
     fatal = [f for f in r["findings"] if f["code"] == "xid-fatal"][0]
     assert fatal["message"].startswith(
         "3 fatal Xid lines (Xid 79 on 0000:5d:00, 74 on 0000:18:00, 48 on 0000:bb:00)")
+
+
+def test_every_finding_has_its_action():
+    """The job's failures are ``app``; the Xid findings take the worst action of their Xids from
+    xid_catalog.json: 79 (reboot) > 74, 48 (reset-gpu); 13, 31, 94 (app) > 63 (monitor)."""
+    r = scan(LOGS / "dmesg_xid.log")
+    assert [(f["code"], f["action"]) for f in r["findings"]] == [
+        ("xid-fatal", "reboot"), ("xid", "app"), ("killed", "app")]
+    for name in EXPECTED:
+        for f in scan(LOGS / name)["findings"]:
+            assert f["action"] == ("app" if not f["code"].startswith("xid") else f["action"]), (name, f)
+
+
+def test_dbe_with_a_row_remap_on_the_same_gpu_drains():
+    """tests/fixtures/xid's ISO log: Xid 48 and 63 on 0000:19:00 -> NVIDIA's DRAIN_AND_RESET."""
+    r = scan(ROOT / "tests" / "fixtures" / "xid" / "gpud-dmesg-time-format-iso.log")
+    assert [(f["code"], f["level"], f["action"]) for f in r["findings"]] == [
+        ("xid-fatal", "fail", "drain"), ("xid", "warn", "app")]
+    assert r["findings"][0]["message"].startswith("1 fatal Xid line (Xid 48 on 0000:19:00)")
+
+
+def test_without_xid_py_beside_it_xids_are_unclassified(tmp_path):
+    alone = tmp_path / "scan_log.py"
+    alone.write_text(SCRIPT.read_text())
+    lone = load_module(alone, "mldiag_test_scan_log_alone")
+    log = tmp_path / "k.log"
+    log.write_text("[ 3.0] NVRM: Xid (PCI:0000:ba:00): 79, pid=1, GPU has fallen off the bus.\n")
+    r = lone.run(argparse.Namespace(path=str(log), lines=100))
+    (f,) = r["findings"]
+    assert (f["code"], f["level"], f["action"]) == ("xid", "warn", "monitor")
+    assert f["message"].startswith("1 Xid line (Xid 79 on 0000:ba:00) (catalog not shipped)")
 
 
 def test_nonfatal_xid_alone_is_warn(tmp_path):
@@ -440,7 +471,8 @@ def test_missing_file_is_a_fail_finding_not_a_crash(tmp_path):
     assert r["status"] == "fail"
     assert r["findings"] == [{"level": "fail", "code": "log-not-found",
                               "message": "log not found: %s" % missing,
-                              "hint": "check the path on the target (it is resolved there, not locally)"}]
+                              "hint": "check the path on the target (it is resolved there, not locally)",
+                              "action": "none"}]
     assert r["data"]["exists"] is False and r["data"]["total"] == 0
     assert list(r["data"]["counts"]) == KINDS
 
