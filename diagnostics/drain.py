@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import nodeset
+from .render import safe_text
 from .hops import transport_for
 from .hops.base import Transport, TransportError, first_line
 from .hops.ssh import SshPool
@@ -243,6 +244,14 @@ class DrainOutcome:
     before: Optional[NodeState] = None
     after: Optional[NodeState] = None
 
+    def to_dict(self) -> Dict[str, object]:
+        """For ``--json`` consumers: what was (or would be) done, and Slurm's word on it."""
+        def state(s: Optional[NodeState]):
+            return {"state": s.state, "reason": s.reason} if s else None
+        return {"target": self.target, "status": self.status, "message": self.message,
+                "command": self.command, "flag": self.flag, "login": self.login,
+                "node": self.node, "before": state(self.before), "after": state(self.after)}
+
 
 def decide(step: DrainStep, state: Optional[NodeState]) -> DrainOutcome:
     """What the rules allow for ``step`` given Slurm's ``state`` of its node (pure). A command
@@ -256,7 +265,7 @@ def decide(step: DrainStep, state: Optional[NodeState]) -> DrainOutcome:
         return DrainOutcome(status="error", message=f"not a node of this Slurm cluster "
                             f"(scontrol show node on {base['login']} does not know {step.node})",
                             **base)
-    shown = f"State={state.state}" + (f", Reason={state.reason}" if state.reason else "")
+    shown = f"State={state.state}" + (f", Reason={_clip(state.reason)}" if state.reason else "")
     if not state.ours and (state.reason or state.unavailable):
         if step.want in ("drain", "resume") or state.unavailable:
             return DrainOutcome(status="left-alone", message=f"left alone: {_by_someone(state)} "
@@ -280,6 +289,10 @@ def decide(step: DrainStep, state: Optional[NodeState]) -> DrainOutcome:
         return DrainOutcome(status="nothing", message=f"stays drained: {step.why} ({shown})",
                             **base)
     return DrainOutcome(status="nothing", message="", **base)
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _by_someone(state: NodeState) -> str:
@@ -350,7 +363,8 @@ def run(steps: Sequence[DrainStep], *, drain: bool = False, undrain: bool = Fals
         for base, indices in by_login.items():
             login = steps[indices[0]].login
             for i, outcome in zip(indices, _run_login(login, [steps[i] for i in indices],
-                                                      drain, undrain, transport_of, timeout)):
+                                                      drain, undrain, transport_of, timeout,
+                                                      pool if transport is None else None)):
                 outcomes[i] = outcome
     finally:
         if own_pool and pool is not None:
@@ -359,11 +373,26 @@ def run(steps: Sequence[DrainStep], *, drain: bool = False, undrain: bool = Fals
 
 
 def _run_login(login: Target, steps: List[DrainStep], drain: bool, undrain: bool,
-               transport_of: TransportFor, timeout: float) -> List[DrainOutcome]:
+               transport_of: TransportFor, timeout: float,
+               pool: Optional[SshPool]) -> List[DrainOutcome]:
     try:
         transport = transport_of(login)
     except TransportError as exc:
         return [_error(s, f"{exc.layer}: {exc.message}") for s in steps]
+    # NOTE: planned on the pool, the login host's connection stays open across these calls
+    # (a pool whose planned targets are done closes a connection after each command)
+    endpoint = getattr(transport, "endpoint", None) if pool is not None else None
+    if endpoint is not None:
+        pool.plan(endpoint)
+    try:
+        return _decide_and_apply(login, transport, steps, drain, undrain, timeout)
+    finally:
+        if endpoint is not None:
+            pool.finished(endpoint)
+
+
+def _decide_and_apply(login: Target, transport: Transport, steps: List[DrainStep], drain: bool,
+                      undrain: bool, timeout: float) -> List[DrainOutcome]:
     nodes = list(dict.fromkeys(s.node for s in steps))
     states, problem = _states(transport, nodes, timeout)
     if problem:
@@ -429,4 +458,5 @@ def lines(outcomes: Sequence[DrainOutcome]) -> List[str]:
     if outcomes and not any(o.command for o in outcomes) and any(
             o.status not in ("skipped",) for o in outcomes):
         out.insert(0, "Slurm: nothing to drain or resume")
-    return out
+    # Reasons, states and stderr are the login host's words: one inert line each
+    return [safe_text(line) for line in out]

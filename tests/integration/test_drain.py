@@ -85,7 +85,9 @@ def check(topo, names, results, **flags):
     steps = drain.plan(results, topo.select(names), now=NOW)
     pool = SshPool()
     try:
-        return drain.run(steps, pool=pool, **flags)
+        outcomes = drain.run(steps, pool=pool, **flags)
+        assert pool.opened == 1          # one connection to the login host for all its calls
+        return outcomes
     finally:
         pool.close()
 

@@ -354,3 +354,17 @@ def test_nothing_to_do_is_said_once():
     assert drain.lines(outcomes) == ["Slurm: nothing to drain or resume"]
     assert drain.lines(drain.run(drain.plan([result("b200")], TARGETS))) == [
         "not a Slurm node: skipped: b200"]
+
+
+def test_the_login_hosts_words_are_printed_inert_and_bounded():
+    login = FakeLogin({"n2": drain.NodeState("n2", "IDLE+DRAIN", "\x1b[2Jgone " + "x" * 300)})
+    outcomes = drain.run(drain.plan([result("cluster-a:n2", "fail", finding("xid-79", "drain"))],
+                                    TARGETS), drain=True, transport=lambda t: login)
+    first, line = drain.lines(outcomes)
+    assert first == "Slurm: nothing to drain or resume"
+    assert "\x1b" not in line and "\\x1b[2Jgone" in line
+    assert len(line) < 300 and line.endswith("…)")
+    assert outcomes[0].to_dict() == {
+        "target": "cluster-a:n2", "status": "left-alone", "message": outcomes[0].message,
+        "command": None, "flag": None, "login": "cluster-a", "node": "n2",
+        "before": {"state": "IDLE+DRAIN", "reason": "\x1b[2Jgone " + "x" * 300}, "after": None}
