@@ -1,0 +1,184 @@
+"""node-check --drain/--undrain (issue 12 item 9) on the lab's real 4-node Slurm cluster: the
+login host `main` over SSH (user mlsh, `become: sudo`), scontrol there through mldiag's own
+connection; every state checked with a real `scontrol show node` run here as root. Results are
+made by hand (the findings node-check would report); each test leaves every node IDLE."""
+
+import datetime
+import re
+import time
+
+import pytest
+
+from diagnostics import drain, topology
+from diagnostics.hops.ssh import SshPool
+from diagnostics.results import Finding, Result
+
+HOSTS = """\
+defaults: {connect_timeout: 5, timeout: 60}
+hosts:
+  cluster-a:
+    address: main
+    become: sudo
+    slurm: {partition: debug, nodes: 4}
+  cluster-nosudo:
+    address: main
+    slurm: {nodes: 4}
+  box: {address: main}
+"""
+NOW = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
+REASON = "mldiag: xid-79, nvlink-down (node-check 2026-12-01T10:00Z)"
+
+
+@pytest.fixture(scope="module")
+def topo(lab):
+    lab.need("slurm")
+    return topology.load(str(lab.hosts_yaml(HOSTS)))
+
+
+@pytest.fixture
+def cluster(lab):
+    """The lab's cluster, every node IDLE before and after the test (other tests share it)."""
+    c = lab.slurm
+
+    def all_idle():
+        for node, state in c.node_states().items():
+            if state != "idle":
+                c.cmd("scontrol", "update", f"nodename={node}", "state=resume")
+        c.wait_idle(timeout=30)
+
+    all_idle()
+    yield c
+    all_idle()
+
+
+def slurm_state(cluster, node):
+    """(State, Reason) as the real `scontrol show node -o` says, run here as root."""
+    line = cluster.cmd("scontrol", "show", "node", "-o", node, check=True).stdout
+    state = re.search(r"\bState=(\S+)", line).group(1)
+    reason = re.search(r"\bReason=(.*?) \[[^\]]*@[^\]]*\]\s*$", line)
+    return state, reason.group(1) if reason else None
+
+
+def settled_state(cluster, node, timeout=20.0):
+    """slurm_state once Slurm has pinged a resumed node: a RESUME marks it NOT_RESPONDING until
+    its slurmd answers (slurmctld pings it at once)."""
+    end = time.monotonic() + timeout
+    while True:
+        state = slurm_state(cluster, node)
+        if "NOT_RESPONDING" not in state[0] or time.monotonic() > end:
+            return state
+        time.sleep(0.2)
+
+
+def finding(code, action):
+    f = Finding(level="fail", code=code, message=f"{code} happened")
+    f.action = action          # results.Finding gains `action` with schema 2
+    return f
+
+
+def result(target, status="ok", *findings):
+    return Result(diagnostic="node-check", target=target, status=status, summary="",
+                  findings=list(findings))
+
+
+def check(topo, names, results, **flags):
+    steps = drain.plan(results, topo.select(names), now=NOW)
+    pool = SshPool()
+    try:
+        outcomes = drain.run(steps, pool=pool, **flags)
+        assert pool.opened == 1          # one connection to the login host for all its calls
+        return outcomes
+    finally:
+        pool.close()
+
+
+FAILING_N2 = [result("cluster-a:n1"), result("cluster-a:n2", "fail", finding("xid-79", "rma"),
+                                             finding("nvlink-down", "drain")),
+              result("cluster-a:n3", "fail", finding("xid-48", "reset-gpu")),
+              result("cluster-a:n4"), result("box")]
+
+
+def test_a_failing_node_is_drained_with_the_tagged_reason(topo, cluster):
+    outcomes = check(topo, ["cluster-a", "box"], FAILING_N2, drain=True)
+    assert slurm_state(cluster, "n2") == ("IDLE+DRAIN", REASON)
+    for node in ("n1", "n3", "n4"):
+        assert slurm_state(cluster, node) == ("IDLE", None)
+    assert drain.lines(outcomes) == [
+        f'cluster-a:n2: drained (now State=IDLE+DRAIN): sudo -n -- scontrol update nodename=n2 '
+        f'state=drain reason="{REASON}"',
+        "not a Slurm node: skipped: box"]
+    assert not drain.failed(outcomes)
+    # a second run finds it drained by mldiag: nothing more to do
+    again = check(topo, ["cluster-a"], FAILING_N2[:4], drain=True)
+    assert drain.commands(again) == []
+    assert drain.lines(again) == [
+        "Slurm: nothing to drain or resume",
+        f"cluster-a:n2: already drained by mldiag (State=IDLE+DRAIN, Reason={REASON})"]
+
+
+def test_a_node_drained_by_someone_else_is_left_alone(topo, cluster):
+    cluster.cmd("scontrol", "update", "nodename=n2", "state=drain", "reason=bad fan, ticket 42",
+                check=True)
+    before = slurm_state(cluster, "n2")
+    outcomes = check(topo, ["cluster-a"], FAILING_N2[:4], drain=True, undrain=True)
+    assert slurm_state(cluster, "n2") == before == ("IDLE+DRAIN", "bad fan, ticket 42")
+    assert drain.commands(outcomes) == []
+    assert ("cluster-a:n2: left alone: drained by someone else (State=IDLE+DRAIN, "
+            "Reason=bad fan, ticket 42)") in drain.lines(outcomes)
+    # now passing: --undrain still leaves someone else's drain alone
+    passing = [result(f"cluster-a:n{i}") for i in range(1, 5)]
+    check(topo, ["cluster-a"], passing, undrain=True)
+    assert slurm_state(cluster, "n2") == before
+
+
+def test_undrain_resumes_only_the_nodes_mldiag_drained_and_that_pass_now(topo, cluster):
+    check(topo, ["cluster-a"], FAILING_N2[:4], drain=True)                  # ours: n2
+    cluster.cmd("scontrol", "update", "nodename=n4", "state=drain", "reason=maintenance",
+                check=True)                                                  # theirs: n4
+    cluster.cmd("scontrol", "update", "nodename=n3", "state=drain",
+                "reason=mldiag: xid-48 (node-check 2026-11-30T09:00Z)", check=True)  # ours: n3
+    # n3 still fails (reset-gpu, below drain): it stays drained; n2 passes now
+    now = [result("cluster-a:n1"), result("cluster-a:n2"),
+           result("cluster-a:n3", "fail", finding("xid-48", "reset-gpu")), result("cluster-a:n4")]
+    outcomes = check(topo, ["cluster-a"], now, undrain=True)
+    assert settled_state(cluster, "n2") == ("IDLE", None)
+    assert slurm_state(cluster, "n3") == ("IDLE+DRAIN", "mldiag: xid-48 (node-check 2026-11-30T09:00Z)")
+    assert slurm_state(cluster, "n4") == ("IDLE+DRAIN", "maintenance")
+    assert drain.commands(outcomes) == ["sudo -n -- scontrol update nodename=n2 state=resume"]
+    # right after a RESUME Slurm says IDLE+NOT_RESPONDING until the node answers its ping
+    assert re.fullmatch(r"cluster-a:n2: resumed \(now State=IDLE(\+NOT_RESPONDING)?\): "
+                        r"sudo -n -- scontrol update nodename=n2 state=resume", drain.lines(outcomes)[0])
+    assert drain.lines(outcomes)[1:] == [
+        "cluster-a:n3: stays drained: still failing (worst action reset-gpu) (State=IDLE+DRAIN, "
+        "Reason=mldiag: xid-48 (node-check 2026-11-30T09:00Z))",
+        "cluster-a:n4: left alone: drained by someone else (State=IDLE+DRAIN, Reason=maintenance)"]
+
+
+def test_a_dry_run_prints_the_exact_commands_and_changes_nothing(lab, topo, cluster):
+    cluster.cmd("scontrol", "update", "nodename=n4", "state=drain",
+                "reason=mldiag: xid-79 (node-check 2026-11-30T09:00Z)", check=True)   # ours, passes now
+    before = {n: slurm_state(cluster, n) for n in cluster.nodes}
+    outcomes = check(topo, ["cluster-a", "box"], FAILING_N2)
+    assert {n: slurm_state(cluster, n) for n in cluster.nodes} == before
+    assert drain.lines(outcomes) == [
+        f'cluster-a:n2: --drain would run: sudo -n -- scontrol update nodename=n2 state=drain '
+        f'reason="{REASON}"',
+        "cluster-a:n4: --undrain would run: sudo -n -- scontrol update nodename=n4 state=resume",
+        "not a Slurm node: skipped: box"]
+    # the printed commands are exact: pasted into a shell on the login host, they do it
+    for command in drain.commands(outcomes):
+        proc = lab.ssh("main", command)
+        assert proc.returncode == 0, proc.stderr
+    assert slurm_state(cluster, "n2") == ("IDLE+DRAIN", REASON)
+    assert settled_state(cluster, "n4") == ("IDLE", None)
+
+
+def test_without_slurm_rights_the_update_fails_visibly_and_nothing_changes(topo, cluster):
+    results = [result("cluster-nosudo:n1", "fail", finding("xid-79", "drain"))]
+    outcomes = check(topo, ["cluster-nosudo"], results, drain=True)
+    assert slurm_state(cluster, "n1") == ("IDLE", None)
+    [o] = outcomes
+    assert o.status == "failed" and drain.failed(outcomes)
+    assert o.message.startswith("scontrol failed (exit 1: "), o.message
+    assert o.command == ('scontrol update nodename=n1 state=drain '
+                         'reason="mldiag: xid-79 (node-check 2026-12-01T10:00Z)"')
