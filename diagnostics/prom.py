@@ -16,11 +16,13 @@ replaced itself, not written through. Problems are ``InputError`` (exit 4) namin
 Metrics (all gauges; every sample has ``target``, the mldiag target name):
 
 ==============================================  =========================================================
-mldiag_node_check_status{target}                0 ok, 1 warn, 2 fail, 3 error (the target could not be checked)
-mldiag_node_check_worst_action{target}          0 none, 1 monitor, 2 app, 3 reset-gpu, 4 reboot, 5 drain, 6 rma
+mldiag_node_check_status{target}                0 ok, 1 warn, 2 fail, 3 error (target not checked)
+mldiag_node_check_worst_action{target}          0 none, 1 monitor, 2 app, 3 reset-gpu, 4 reboot,
+                                                5 drain, 6 rma
 mldiag_node_check_duration_seconds{target}      how long the target's node-check took
 mldiag_node_check_findings{target}              number of findings
-mldiag_node_check_check_status{target,check}    per check (data.checks): 0 ok, 1 warn, 2 fail, 3 hung, -1 skipped
+mldiag_node_check_check_status{target,check}    per check (data.checks): 0 ok, 1 warn, 2 fail, 3 hung,
+                                                -1 skipped
 mldiag_node_check_check_duration_seconds{...}   per check: seconds it took
 mldiag_node_check_finding{target,check,code,    one sample per finding and GPU or port (gpu="" and port=""
   gpu,port,action,level}                        when it names neither); the value is how many findings

@@ -157,7 +157,8 @@ def test_fail_without_warnings_is_drain():
                                          "entity_id": 0, "status": "Fail"}],
          "test_summary": {"status": "Fail"}}]}]}}
     [f] = dcgm.diag_findings(dcgm.parse_diag_json(json.dumps(doc)))
-    assert (f["action"], f["message"]) == ("drain", "dcgmi diag -r 1: memtest failed on GPU 0: no reason given")
+    assert (f["action"], f["message"]) == (
+        "drain", "dcgmi diag -r 1: memtest failed on GPU 0: no reason given")
 
 
 # --- the action map ---------------------------------------------------------------------------
@@ -383,6 +384,35 @@ def test_fake_missing_dcgmi(fake_env):
     os.unlink(Path(fake_env["PATH"].split(":")[0]) / "dcgmi")
     result = dcgm.check({}, subprocess_tool(fake_env))
     assert brief(result["findings"]) == [("dcgm-absent", "info", "none", None)]
+
+
+PY38_CHECK = """
+import collections, json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import dcgm
+Tool = collections.namedtuple("Tool", "status rc out err seconds")
+def run_tool(argv, timeout):
+    p = subprocess.run(argv, capture_output=True, universal_newlines=True, timeout=timeout)
+    return Tool("ok", p.returncode, p.stdout, p.stderr, 0.0)
+print(json.dumps(dcgm.check({}, run_tool, dcgm_level=2)))
+"""
+
+
+def test_module_and_fake_run_under_python38(fake_env):
+    from tests.pythons import require_python
+    py = require_python("3.8")
+    bindir = Path(fake_env["PATH"].split(":")[0])
+    (bindir / "python3").write_text('#!/bin/sh\nexec "%s" "$@"\n' % py)   # the fake on 3.8 too
+    fake_env["MLDIAG_FAKE_DCGMI"] = FAILING.name
+    p = subprocess.run([py, "-c", PY38_CHECK, str(ROOT / "diagnostics" / "scripts")],
+                       capture_output=True, text=True, timeout=60, env=fake_env, cwd="/")
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert brief(result["findings"]) == [
+        ("dcgm-software", "fail", "drain", [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("dcgm-memory", "fail", "reset-gpu", [2]),
+        ("dcgm-pcie", "fail", "rma", [5]),
+    ]
 
 
 def test_module_is_stdlib_only_and_standalone():
