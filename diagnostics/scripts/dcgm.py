@@ -42,6 +42,11 @@ Both JSON shapes ``dcgmi diag -j`` has printed are read:
   [{"gpu_ids": "0,1", "status": "PASS|FAIL|SKIP|WARN", "warnings": [...], "info": [...]}]}],
   "version": "1.7"}}``; warnings are objects with ``error_id`` or, in older releases, strings.
 
+GPU numbers: a finding's ``gpus`` are nvidia-smi indices. DCGM numbers GPUs itself (usually
+the same); where the current shape lists each GPU's ``serial_num`` in ``entity_groups`` and every
+one matches exactly one GPU of node-check's inventory (option ``gpus``), DCGM's ids are mapped
+to the inventory's indices by serial; otherwise they are kept.
+
 Text before the JSON (DCGM 3.x dcgmi diag prints "Error: unable to establish a connection to the
 specified host: localhost" and then runs with an embedded host engine) is skipped.
 
@@ -336,7 +341,7 @@ def parse_diag_json(text: str) -> dict:
         raise ValueError("JSON without a 'DCGM Diagnostic' or 'DCGM GPU Diagnostic' object")
     out = {"format": fmt, "version": str(version) if version not in (None, "") else None,
            "runtime_error": _one_line(body["runtime_error"]) if body.get("runtime_error") else None,
-           "results": []}
+           "serials": _gpu_serials(doc), "results": []}
     for category in body.get("test_categories") or []:
         if not isinstance(category, dict):
             continue
@@ -365,6 +370,43 @@ def parse_diag_json(text: str) -> dict:
                         "entity": None, "gpus": None, "entities": [], "warnings": extra,
                         "info": []})
     return out
+
+
+def _gpu_serials(doc) -> dict:
+    """{DCGM GPU id: serial} from the current shape's ``entity_groups`` (empty otherwise)."""
+    serials = {}
+    for group in doc.get("entity_groups") or []:
+        if isinstance(group, dict) and group.get("entity_group") == "GPU":
+            for e in group.get("entities") or []:
+                if isinstance(e, dict) and isinstance(e.get("entity_id"), int) and e.get("serial_num"):
+                    serials[e["entity_id"]] = str(e["serial_num"])
+    return serials
+
+
+def gpu_index_map(parsed: dict, gpus) -> dict:
+    """{DCGM GPU id: nvidia-smi index}, matched by serial number, when every GPU DCGM names
+    matches exactly one inventory GPU; else {} (DCGM's ids are kept: usually the same)."""
+    by_serial = {}
+    for g in gpus or []:
+        serial = str(g.get("serial") or "").strip()
+        if serial and serial not in ("[N/A]", "N/A", "0"):
+            by_serial.setdefault(serial, []).append(g.get("index"))
+    mapping = {}
+    for dcgm_id, serial in parsed.get("serials", {}).items():
+        found = by_serial.get(serial, [])
+        if len(found) != 1 or not isinstance(found[0], int):
+            return {}
+        mapping[dcgm_id] = found[0]
+    return mapping if len(set(mapping.values())) == len(mapping) else {}
+
+
+def renumber(parsed: dict, mapping: dict) -> dict:
+    """``parsed`` with DCGM GPU ids turned into nvidia-smi indices (``gpu_index_map``)."""
+    if not mapping:
+        return parsed
+    results = [dict(r, gpus=[mapping.get(g, g) for g in r["gpus"]], dcgm_gpus=r["gpus"])
+               if r["gpus"] else r for r in parsed["results"]]
+    return dict(parsed, results=results)
 
 
 def _result(category, test, r, fmt) -> dict:
@@ -423,15 +465,20 @@ def diag_findings(parsed: dict, level=DEFAULT_LEVEL) -> list:
             groups[key] = {"level": r["status"], "code": f"dcgm-{_slug(r['test'])}",
                            "action": action, "check": CHECK, "_gpus": list(gpus),
                            "_texts": texts, "_norm": norm, "_codes": codes, "_verb": verb,
-                           "_test": r["test"], "_where": where}
+                           "_test": r["test"], "_where": where,
+                           "_dcgm": list(r.get("dcgm_gpus") or gpus)}
         else:
             f["_gpus"].extend(g for g in gpus if g not in f["_gpus"])
+            f["_dcgm"].extend(g for g in r.get("dcgm_gpus") or gpus if g not in f["_dcgm"])
     findings = []
     for f in groups.values():
         gpus = sorted(f.pop("_gpus"))
         texts, norm = f.pop("_texts"), f.pop("_norm")
         codes, verb, test, where = f.pop("_codes"), f.pop("_verb"), f.pop("_test"), f.pop("_where")
+        dcgm_ids = sorted(f.pop("_dcgm"))
         on = f" on {_gpu_label(gpus)}" if gpus else where
+        if gpus and dcgm_ids != gpus:
+            on += f" (DCGM's {_gpu_label(dcgm_ids)})"
         body = "; ".join(texts if len(gpus) <= 1 else norm) or "no reason given"
         suffix = f" ({', '.join(codes)})" if codes else ""
         f["message"] = f"{command}: {test} {verb}{on}: {body}{suffix}"
@@ -491,7 +538,7 @@ def check(expect, run_tool, dcgm_level=None, **options) -> dict:
         return {"findings": [_finding("warn", "dcgm-error",
                                       f"`{shown}` gave no diagnostic JSON (exit {tool.rc}): {text}",
                                       "monitor")], "facts": {}}
-    findings = diag_findings(parsed, level)
+    findings = diag_findings(renumber(parsed, gpu_index_map(parsed, options.get("gpus"))), level)
     if parsed["runtime_error"]:
         hint = HOSTENGINE_HINT if _CONNECTION.search(parsed["runtime_error"]) else None
         findings.append(_finding("warn", "dcgm-error",

@@ -228,6 +228,39 @@ def test_check_level_2_failing():
     assert result["facts"] == {"dcgm.version": "4.2.3"}
 
 
+def inventory(order):
+    """node_check's ``gpus`` option: index i has the serial of DCGM GPU order[i] (README)."""
+    return [{"index": i, "pci": f"00000000:{0x18 + i:02x}:00.0", "name": "NVIDIA H200",
+             "serial": f"165322401{1000 + d}", "uuid": f"GPU-{i}", "vbios": "v", "driver": "570"}
+            for i, d in enumerate(order)]
+
+
+def test_check_maps_dcgm_gpu_ids_to_nvidia_smi_indices_by_serial():
+    reverse = inventory([7, 6, 5, 4, 3, 2, 1, 0])       # nvidia-smi index 0 is DCGM GPU 7
+    result = dcgm.check({}, fake_tool(rc=226, out=FAILING.read_text()), dcgm_level=2, gpus=reverse)
+    assert brief(result["findings"]) == [
+        ("dcgm-software", "fail", "drain", [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("dcgm-memory", "fail", "reset-gpu", [5]),      # DCGM GPU 2
+        ("dcgm-pcie", "fail", "rma", [2]),              # DCGM GPU 5
+    ]
+    # DCGM's own text still says "GPU 5": the message names both
+    assert result["findings"][2]["message"].startswith(
+        "dcgmi diag -r 2: pcie failed on GPU 2 (DCGM's GPU 5): Bandwidth of GPU 5 ")
+    assert result["findings"][0]["message"].startswith(
+        "dcgmi diag -r 2: software failed on GPUs 0-7: Persistence Mode: ")
+
+
+@pytest.mark.parametrize("gpus", [
+    [],                                                  # no inventory (nvidia-smi absent)
+    inventory([0, 1, 2, 3, 4, 5, 6]),                    # one GPU missing
+    inventory([0, 0, 2, 3, 4, 5, 6, 7]),                 # a serial twice
+    [dict(g, serial="[N/A]") for g in inventory(range(8))],
+])
+def test_check_keeps_dcgm_ids_without_a_clean_serial_match(gpus):
+    result = dcgm.check({}, fake_tool(rc=226, out=FAILING.read_text()), dcgm_level=2, gpus=gpus)
+    assert [f["gpus"] for f in result["findings"]] == [list(range(8)), [2], [5]]
+
+
 def test_check_missing_dcgmi_is_info_with_install_hint():
     result = dcgm.check({}, fake_tool(status="missing", rc=None))
     assert brief(result["findings"]) == [("dcgm-absent", "info", "none", None)]
