@@ -322,7 +322,7 @@ def parse_diag_json(text: str) -> dict:
     """Parse ``dcgmi diag -j`` output (either shape) into a flat list of results.
 
     Returns ``{"format": "current"|"per-gpu", "version": str|None, "runtime_error": str|None,
-    "results": [{"category", "test", "status": "pass|fail|warn|skip|<other>", "entity":
+    "serials": {DCGM GPU id: serial}, "results": [{"category", "test", "status": "pass|fail|warn|skip|<other>", "entity":
     "GPU"|other|None, "gpus": [int]|None, "entities": [int], "warnings": [{"text",
     "error_id", "code"}], "info": [str]}]}``; ``gpus`` is None for a result about no GPU
     (a test-wide error in ``test_summary``). Raises ValueError when there is no diag JSON.
@@ -349,13 +349,9 @@ def parse_diag_json(text: str) -> dict:
             if not isinstance(test, dict):
                 continue
             name = str(test.get("name", "?"))
-            entity_errors = 0
             for r in test.get("results") or []:
-                if not isinstance(r, dict):
-                    continue
-                entry = _result(category.get("category"), name, r, fmt)
-                entity_errors += len(entry["warnings"])
-                out["results"].append(entry)
+                if isinstance(r, dict):
+                    out["results"].append(_result(category.get("category"), name, r, fmt))
             summary = test.get("test_summary")
             if isinstance(summary, dict) and summary.get("warnings"):
                 # Errors tied to no entity: the summary also repeats the entity ones, so keep
@@ -443,45 +439,43 @@ def _slug(name: str) -> str:
 
 
 def diag_findings(parsed: dict, level=DEFAULT_LEVEL) -> list:
-    """Findings for the failed and warned tests of a parsed diag run (see module docstring)."""
+    """Findings for the failed and warned tests of a parsed diag run (see module docstring).
+
+    One finding per test and message: results whose warnings read the same once "GPU <n>" is
+    taken out (and whose codes and action agree) are folded into one finding listing the GPUs.
+    """
     command = f"dcgmi diag -r {int(level or DEFAULT_LEVEL)}"
-    groups = {}          # fold key -> finding under construction
+    groups = {}                                    # fold key -> [result, gpus, DCGM's ids]
     for r in parsed["results"]:
         if r["status"] not in ("fail", "warn"):
             continue
         warnings = r["warnings"] or [{"text": "", "error_id": None, "code": None}]
-        codes = sorted({w["code"] for w in warnings if w["code"]})
+        texts = tuple(w["text"] for w in warnings if w["text"])
+        codes = tuple(sorted({w["code"] for w in warnings if w["code"]}))
         action = worst_action(action_for(w["code"]) for w in warnings)
-        texts = [w["text"] for w in warnings if w["text"]]
-        verb = "failed" if r["status"] == "fail" else "warned"
-        gpus = r["gpus"] or []
-        where = ""
-        if r["gpus"] is None and r["entities"]:
-            where = f" on {r['entity']} {','.join(map(str, r['entities']))}"
-        norm = [_GPU_WORD.sub("GPU", t) for t in texts]
-        key = (r["test"], r["status"], tuple(norm), tuple(codes), action, where, r["gpus"] is None)
-        f = groups.get(key)
-        if f is None:
-            groups[key] = {"level": r["status"], "code": f"dcgm-{_slug(r['test'])}",
-                           "action": action, "check": CHECK, "_gpus": list(gpus),
-                           "_texts": texts, "_norm": norm, "_codes": codes, "_verb": verb,
-                           "_test": r["test"], "_where": where,
-                           "_dcgm": list(r.get("dcgm_gpus") or gpus)}
-        else:
-            f["_gpus"].extend(g for g in gpus if g not in f["_gpus"])
-            f["_dcgm"].extend(g for g in r.get("dcgm_gpus") or gpus if g not in f["_dcgm"])
+        others = r["entities"] if r["gpus"] is None else ()
+        key = (r["test"], r["status"], tuple(_GPU_WORD.sub("GPU", t) for t in texts), codes,
+               action, r["entity"] if others else None, tuple(others), r["gpus"] is None)
+        group = groups.setdefault(key, [dict(r, texts=texts, codes=codes, action=action), [], []])
+        for g, d in zip(r["gpus"] or [], r.get("dcgm_gpus") or r["gpus"] or []):
+            if g not in group[1]:
+                group[1].append(g)
+                group[2].append(d)
     findings = []
-    for f in groups.values():
-        gpus = sorted(f.pop("_gpus"))
-        texts, norm = f.pop("_texts"), f.pop("_norm")
-        codes, verb, test, where = f.pop("_codes"), f.pop("_verb"), f.pop("_test"), f.pop("_where")
-        dcgm_ids = sorted(f.pop("_dcgm"))
-        on = f" on {_gpu_label(gpus)}" if gpus else where
-        if gpus and dcgm_ids != gpus:
-            on += f" (DCGM's {_gpu_label(dcgm_ids)})"
-        body = "; ".join(texts if len(gpus) <= 1 else norm) or "no reason given"
-        suffix = f" ({', '.join(codes)})" if codes else ""
-        f["message"] = f"{command}: {test} {verb}{on}: {body}{suffix}"
+    for (_, _, norm, _, _, entity, others, _), (r, gpus, dcgm_ids) in groups.items():
+        gpus, dcgm_ids = sorted(gpus), sorted(dcgm_ids)
+        if gpus:
+            where = f" on {_gpu_label(gpus)}"
+            if dcgm_ids != gpus:
+                where += f" (DCGM's {_gpu_label(dcgm_ids)})"
+        else:
+            where = f" on {entity} {','.join(map(str, others))}" if others else ""
+        body = "; ".join(r["texts"] if len(gpus) <= 1 else norm) or "no reason given"
+        codes = f" ({', '.join(r['codes'])})" if r["codes"] else ""
+        verb = "failed" if r["status"] == "fail" else "warned"
+        f = {"level": r["status"], "code": f"dcgm-{_slug(r['test'])}",
+             "message": f"{command}: {r['test']} {verb}{where}: {body}{codes}",
+             "action": r["action"], "check": CHECK}
         if gpus:
             f["gpus"] = gpus
         findings.append(f)
