@@ -322,10 +322,11 @@ def parse_diag_json(text: str) -> dict:
     """Parse ``dcgmi diag -j`` output (either shape) into a flat list of results.
 
     Returns ``{"format": "current"|"per-gpu", "version": str|None, "runtime_error": str|None,
-    "serials": {DCGM GPU id: serial}, "results": [{"category", "test", "status": "pass|fail|warn|skip|<other>", "entity":
-    "GPU"|other|None, "gpus": [int]|None, "entities": [int], "warnings": [{"text",
-    "error_id", "code"}], "info": [str]}]}``; ``gpus`` is None for a result about no GPU
-    (a test-wide error in ``test_summary``). Raises ValueError when there is no diag JSON.
+    "serials": {DCGM GPU id: serial}, "results": [{"category", "test", "status":
+    "pass|fail|warn|skip|<other>", "entity": "GPU"|other|None, "gpus": [int]|None,
+    "entities": [int], "warnings": [{"text", "error_id", "code"}], "info": [str]}]}``;
+    ``gpus`` is None for a result about no GPU (a test-wide error in ``test_summary``).
+    Raises ValueError when there is no diag JSON.
     """
     doc = _extract_json(text or "")
     if doc is None:
