@@ -147,9 +147,12 @@ def derive_ib_tree(src: Path, dest: Path, faults=IB_FAULTS) -> Path:
             raise LabError(f"{src} has no {dev}/ports/{port} to derive a fault from")
         for name, text in attrs.items():
             f = pdir / name
+            # NOTE: the recording's files have no trailing newline (real sysfs ones do): the
+            # derived ones follow the recording
+            newline = "\n" if f.exists() and f.read_bytes().endswith(b"\n") else ""
             if f.exists():
                 os.chmod(f, 0o644)
-            f.write_text(text + "\n")
+            f.write_text(text + newline)
     _read_only(dest)
     return dest
 
