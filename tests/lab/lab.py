@@ -619,6 +619,9 @@ class Lab:
             lines.append(f"  {s.name:9} {s.address}:{s.port} netns={s.netns or '-'} "
                          f"aliases={','.join(s.aliases.values())} log={s.log_path}")
         lines.append(f"  lxc_path {self.lxc_path} (CT {CT_RUNNING} running, {CT_STOPPED} stopped)")
+        for node in (self._node_cts or {}).values():
+            lines.append(f"  CT {node.vmid} {node.name}: /sys/class/infiniband <- {node.ib_tree}, "
+                         f"/sys/bus/pci/devices <- {node.pci_tree}, tools {' '.join(node.tools)}")
         if self.podman:
             lines.append(f"  podman {PODBOX}: " + " ".join(f"{k}={v}" for k, v in self.podman.config_env.items()))
         if self.slurm and "slurm" not in self.unavailable:
