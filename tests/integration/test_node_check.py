@@ -24,6 +24,7 @@ from functools import partial
 import pytest
 
 from tests import programs
+from tests.lab import nodecheck
 
 PY = "/usr/bin/python3"
 LOGS = "/var/log/mldiag-lab"
@@ -34,13 +35,17 @@ EXPECT = {"gpus": 8, "ib_ports": 8, "ib_rate": 400, "nvlinks_per_gpu": 18, "pcie
 ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
 LEVELS = ("info", "warn", "fail")
 
+# the fake nvidia-smi's NVLink/fabric faults (another branch of issue 12): the faulty CT's GPUs
+# have them only where the fake knows them
+LINK_FAULTS = nodecheck.fake_knows_link_faults(nodecheck.REPO / "tests" / "fakes")
+
 mldiag = partial(programs.mldiag, timeout=180)
 inv = partial(programs.inv, timeout=180)
 
 
-def ct(name, vmid, **env):
+def ct(name, vmid, capture=H200, **env):
     fields = {"runtime": "pct", "id": str(vmid), "python": PY, "expect": EXPECT,
-              "env": {"MLDIAG_FAKE_NVIDIA_SMI": H200, **env}}
+              "env": {"MLDIAG_FAKE_NVIDIA_SMI": capture, **env}}
     return f"      {name}: {json.dumps(fields)}\n"
 
 
@@ -60,7 +65,7 @@ def hosts(lab, nodes):
             containers:
         """) + "".join([
         ct("h200-ok", 210),
-        ct("h200-bad", 211),
+        ct("h200-bad", 211, capture=nodecheck.FAULTY_CAPTURE),
         # CT 210 again, its live kernel log (journalctl) now the Xid 48/63/94 one
         ct("h200-xid", 210, MLDIAG_FAKE_KLOG="gpud-dmesg-time-format-iso.log",
            MLDIAG_FAKE_KLOG_LOG="/run/mldiag-klog-argv.jsonl"),
@@ -101,6 +106,10 @@ def check_shape(doc):
         assert isinstance(c["seconds"], (int, float)), (name, c)
     worst = max((ACTIONS.index(f["action"]) for f in doc["findings"]), default=0)
     assert data["worst_action"] == ACTIONS[worst], (data["worst_action"], doc["findings"])
+
+
+def facts_of(doc):
+    return doc["data"]["facts"]
 
 
 def non_info(doc):
@@ -149,10 +158,14 @@ def test_node_cts_tools_and_kernel_logs(lab, nodes):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 h200-ok kernel: IPv6: ADDRCONF\(NETDEV_CHANGE\): "
                         r"cali5be35fabd3e: link becomes ready", lines[4]), lines[4]
     assert lines[5] == "11"  # the log's Xid lines, all in the last hour: 48, 63, 9x 94
-    r = pct(lab, 211, "command -v journalctl dcgmi; dmesg --level err | wc -l; "
+    r = pct(lab, 211, f"MLDIAG_FAKE_NVIDIA_SMI={nodecheck.FAULTY_CAPTURE} nvidia-smi -L | wc -l; "
+                      f"MLDIAG_FAKE_NVIDIA_SMI={nodecheck.FAULTY_CAPTURE} nvidia-smi nvlink -s -i 5 | "
+                      "while read -r line; do case $line in *inactive*) echo \"$line\";; esac; done; "
+                      "command -v journalctl dcgmi; dmesg --level err | wc -l; "
                       "MLDIAG_FAKE_DMESG_RESTRICT=1 dmesg; echo rc=$?")
     # Xid 79, "GPU has fallen off the bus", 8 NVSwitch SXid lines
-    assert r.stdout.splitlines() == ["10", "rc=1"], r.stdout
+    inactive = ["Link 4: <inactive>", "Link 11: <inactive>"] if LINK_FAULTS else []
+    assert r.stdout.splitlines() == ["8", *inactive, "10", "rc=1"], r.stdout
     assert r.stderr.strip() == "dmesg: read kernel buffer failed: Operation not permitted"
 
 
@@ -216,6 +229,15 @@ def test_faulty_node(hosts):
     dcgm = by_check(doc, "dcgm")
     assert [(f["level"], bool(f.get("hint"))) for f in dcgm] == [("info", True)], dcgm
     assert doc["data"]["checks"]["dcgm"]["status"] == "skipped"
+    facts = doc["data"]["facts"]
+    if LINK_FAULTS:
+        nvlink = [f for f in by_check(doc, "nvlink") if f["level"] != "info"]
+        assert [f["gpus"] for f in nvlink] == [[5]], nvlink
+        assert "16 of 18" in nvlink[0]["message"], nvlink
+        fabric = [f for f in by_check(doc, "fabric") if f["level"] != "info"]
+        assert fabric and fabric[0]["level"] == "fail", fabric
+        assert facts_of(doc)["nvlink.gpu5.active"] == 16 and facts_of(doc)["nvlink.gpu0.active"] == 18
+        assert facts_of(doc)["fabric.gpu0.state"] == "In Progress"
     facts = doc["data"]["facts"]
     assert facts["ib.mlx5_5/1.state"] != "ACTIVE" and facts["ib.mlx5_7/1.rate"] == 200, facts
     assert facts["pcie.gpu5.width"] == 8 and facts["pcie.gpu5.max_width"] == 16, facts

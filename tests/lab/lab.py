@@ -428,7 +428,7 @@ class Lab:
             if self._node_cts is None:
                 t = time.monotonic()
                 try:
-                    nodes = nodecheck.build(self.dir / "nodecheck")
+                    nodes = nodecheck.build(self.dir / "nodecheck", self.fakes_dir)
                 except LabUnavailable as e:  # a recording missing: skip, or fail under CI
                     self.on_unavailable(f"node-check CTs: {e}")
                     raise

@@ -9,7 +9,8 @@ Each CT sees, at the real paths, with no test hook in the product:
 - /sys/bus/pci/devices: a PCI device tree made here from a small description (8 GPUs
   10de:2335 H200 and 8 ConnectX-7 15b3:1021, PCIe gen 5 x16, at the bus ids the fake nvidia-smi
   reports), likewise over a tmpfs on /sys/bus;
-- /usr/bin/nvidia-smi -> tests/fakes/nvidia-smi (the capture is picked by the target's `env:`);
+- /usr/bin/nvidia-smi -> tests/fakes/nvidia-smi (the capture is picked by the target's `env:`;
+  the faulty CT holds its own derived capture, FAULTY_CAPTURE below);
 - /usr/bin/dmesg -> tests/fakes/dmesg, and on the healthy CT also /usr/bin/journalctl and
   /usr/bin/dcgmi (tests/fakes/journalctl, tests/fakes/dcgmi): the faulty CT is a node without
   systemd's journal and without DCGM;
@@ -20,7 +21,9 @@ Each CT sees, at the real paths, with no test hook in the product:
                      kernel.log: a healthy H100 HGX boot log (no Xid).
   CT 211 `h200-bad`  the IB tree with mlx5_5/1 down (DOWN / Disabled) and mlx5_7/1 at 200 Gb/s
                      (4X HDR) instead of 400 (4X NDR); GPU 5 (0000:ab:00.0) at x8 of x16;
-                     kernel.log: Xid 79 (fallen off the bus) and NVSwitch SXid 20034.
+                     kernel.log: Xid 79 (fallen off the bus) and NVSwitch SXid 20034;
+                     nvidia-smi (env MLDIAG_FAKE_NVIDIA_SMI=derived__h200x8__node-check-bad): GPU 5
+                     lost NVLinks 4 and 11, the fabric "In Progress" on every GPU.
 
 Started on first use (Lab.node_check_cts), not with the lab: only the node-check tests pay.
 """
@@ -171,6 +174,34 @@ def find_klog(name: str) -> Path:
     raise LabUnavailable(f"no saved kernel log {name} (looked in {', '.join(map(str, KLOG_DIRS))})")
 
 
+# The faulty CT's GPUs, as a derived capture of the fake nvidia-smi (tests/fakes/nvidia-smi,
+# "Derived captures") written into the CT at /usr/local/share/mldiag/nvidia-smi/, a directory the
+# fake looks captures up in. NVLink and fabric faults only where the fake knows those directives.
+CAPTURE_DIR = "/usr/local/share/mldiag/nvidia-smi"
+FAULTY_CAPTURE = "derived__h200x8__node-check-bad"
+FAULTY_CAPTURE_TEXT = """\
+# mldiag lab (tests/lab/nodecheck.py): the GPUs of node-check's faulty CT 211 h200-bad.
+base linux-x86_64__nvidia-h200__590.48.01.txt
+gpus 8
+"""
+FAULTY_GPU_FAULTS = """\
+# GPU 5 (also the one at PCIe x8) lost NVLinks 4 and 11; the fabric manager has not finished:
+# every GPU's Fabric State "In Progress" (CUDA would fail to start here).
+nvlink-down 5 4
+nvlink-down 5 11
+fabric * "In Progress" N/A
+"""
+
+
+def fake_knows_link_faults(fakes_dir: Path) -> bool:
+    """Whether the fake nvidia-smi has the nvlink-down/fabric directives (issue 12, `links`)."""
+    try:
+        text = (fakes_dir / "nvidia-smi").read_text()
+    except OSError:
+        return False
+    return "nvlink-down" in text and "fabric GPU" in text
+
+
 @dataclass
 class NodeCT:
     vmid: int
@@ -179,6 +210,7 @@ class NodeCT:
     pci_tree: Path
     tools: Tuple[str, ...]           # fakes linked into /usr/bin
     kernel_log: str                  # key of KLOGS replayed by default
+    capture: Optional[str] = None    # a derived capture written into the CT (text)
 
 
 def sysfs_mounts(ib: Path, pci: Path) -> List[str]:
@@ -194,16 +226,17 @@ def sysfs_mounts(ib: Path, pci: Path) -> List[str]:
     ]
 
 
-def build(work: Path) -> Dict[int, NodeCT]:
+def build(work: Path, fakes_dir: Path) -> Dict[int, NodeCT]:
     """Make the sysfs trees under `work` and describe the two CTs."""
     work.mkdir(parents=True, exist_ok=True)
     real_ib = ib_tree()
+    capture = FAULTY_CAPTURE_TEXT + (FAULTY_GPU_FAULTS if fake_knows_link_faults(fakes_dir) else "")
     return {
         HEALTHY: NodeCT(HEALTHY, "h200-ok", real_ib, write_pci_tree(work / "pci-healthy", h200_hgx()),
                         ("nvidia-smi", "dmesg", "journalctl", "dcgmi"), "healthy"),
         FAULTY: NodeCT(FAULTY, "h200-bad", derive_ib_tree(real_ib, work / "ib-faulty"),
                        write_pci_tree(work / "pci-faulty", h200_hgx(gpu_width={5: 8})),
-                       ("nvidia-smi", "dmesg"), "xid79"),
+                       ("nvidia-smi", "dmesg"), "xid79", capture),
     }
 
 
@@ -216,3 +249,7 @@ def define(lxc_path: Path, base: Path, binds: List[Path], fakes_dir: Path, node:
     for name in KLOGS.values():
         shutil.copyfile(find_klog(name), logs / name)
     os.symlink(KLOGS[node.kernel_log], logs / "kernel.log")
+    if node.capture:
+        captures = d / "delta" / CAPTURE_DIR.lstrip("/")
+        captures.mkdir(parents=True, exist_ok=True)
+        (captures / f"{FAULTY_CAPTURE}.txt").write_text(node.capture)
