@@ -73,6 +73,9 @@ def hosts(lab, nodes):
         ct("h200-old-xid", 210, MLDIAG_FAKE_KLOG="gpud-dmesg-time-format-iso.log",
            MLDIAG_FAKE_KLOG_AGE="259200"),
         ct("h200-hung", 210, MLDIAG_FAKE_NVIDIA_SMI_HANG="60"),
+        # CT 210's dcgmi answering a failed level-2 diagnostic (tests/fixtures/dcgm/README.md)
+        ct("h200-dcgm-bad", 210, MLDIAG_FAKE_DCGMI="derived__dcgm4-h200x8__r2-failing.json",
+           MLDIAG_FAKE_DCGMI_LOG="/run/mldiag-dcgmi-argv.jsonl"),
     ]))
 
 
@@ -206,6 +209,22 @@ def test_healthy_node_with_dcgm(hosts):
     assert r.returncode == 0, r.stdout + r.stderr
     assert doc["data"]["checks"]["dcgm"]["status"] == "ok", doc["data"]["checks"]
     assert "dcgm.version" in doc["data"]["facts"], doc["data"]["facts"]
+
+
+def test_dcgm_level_2_failures_per_test_and_gpu(lab, hosts):
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-dcgm-bad", "--dcgm-level", "2", "--json")
+    doc = docs_of(r)["h200-dcgm-bad"]
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert doc["data"]["checks"]["dcgm"]["status"] == "fail", doc["data"]["checks"]
+    dcgm = [f for f in by_check(doc, "dcgm") if f["level"] != "info"]
+    # software fails on all 8 GPUs (persistence mode: one folded finding), memory on GPU 2
+    # (volatile DBEs), pcie on GPU 5 (low bandwidth)
+    gpus = sorted(tuple(f.get("gpus") or ()) for f in dcgm)
+    assert gpus == [(0, 1, 2, 3, 4, 5, 6, 7), (2,), (5,)], dcgm
+    root = f"/proc/{lab.container_pids(210, include_init=True)[0]}/root"
+    calls = [json.loads(line) for line in open(f"{root}/run/mldiag-dcgmi-argv.jsonl")]
+    call = calls[-1]
+    assert "diag" in call and "-j" in call and call[call.index("-r") + 1] == "2", calls
 
 
 def test_faulty_node(hosts):
