@@ -73,6 +73,10 @@ def hosts(lab, nodes):
         ct("h200-old-xid", 210, MLDIAG_FAKE_KLOG="gpud-dmesg-time-format-iso.log",
            MLDIAG_FAKE_KLOG_AGE="259200"),
         ct("h200-hung", 210, MLDIAG_FAKE_NVIDIA_SMI_HANG="60"),
+        # a stuck journald: journalctl does not answer (dmesg then does)
+        ct("h200-journal-hung", 210, MLDIAG_FAKE_JOURNALCTL_HANG="60"),
+        # CT 211 for a user whom kernel.dmesg_restrict keeps out (and no journal there)
+        ct("h200-bad-restricted", 211, capture=nodecheck.FAULTY_CAPTURE, MLDIAG_FAKE_DMESG_RESTRICT="1"),
         # CT 210's dcgmi answering a failed level-2 diagnostic (tests/fixtures/dcgm/README.md)
         ct("h200-dcgm-bad", 210, MLDIAG_FAKE_DCGMI="derived__dcgm4-h200x8__r2-failing.json",
            MLDIAG_FAKE_DCGMI_LOG="/run/mldiag-dcgmi-argv.jsonl"),
@@ -352,6 +356,35 @@ def test_hung_nvidia_smi_is_a_finding_not_a_hung_run(lab, hosts):
     time.sleep(0.5)
     left = [c for c in lab.container_cmdlines(210) if any("nvidia-smi" in a for a in c)]
     assert left == [], left
+
+
+def test_hung_journalctl_then_dmesg(lab, hosts):
+    t = time.monotonic()
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-journal-hung", "--no-dcgm", "--json")
+    took = time.monotonic() - t
+    doc = docs_of(r)["h200-journal-hung"]
+    # the kernel log still read, from dmesg: CT 210's healthy boot log, no Xid; but dmesg has no
+    # window, so the boot's NIC link-downs (2.7 days old, outside journalctl's 24 h) count as flaps
+    assert doc["data"]["kernel_log"]["source"] == "dmesg", doc["data"]["kernel_log"]
+    flaps = {("warn", "monitor", "ib", "ib-link-flap", (), (nic,))
+             for nic in ("enp27s0f1np1", "enp157s0f0np0", "enp157s0f1np1")}
+    assert table(doc) == {("fail", "reboot", "xid", "tool-hung", (), ()), LINK_DOWNED} | flaps, doc["findings"]
+    hung = [f["message"] for f in doc["findings"] if f["code"] == "tool-hung"]
+    assert hung == ["`journalctl -k` did not answer within 10 s"], hung
+    assert took < 30, took
+    time.sleep(0.5)
+    assert [c for c in lab.container_cmdlines(210) if any("journalctl" in a for a in c)] == []
+
+
+def test_kernel_log_unreadable(hosts):
+    # no journalctl and dmesg refused (dmesg_restrict): a warning saying so, the rest as before
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-bad-restricted", "--no-dcgm", "--json")
+    doc = docs_of(r)["h200-bad-restricted"]
+    assert doc["data"]["kernel_log"]["source"] is None, doc["data"]["kernel_log"]
+    expected = {f for f in FAULTY if f[2] != "xid"} | {("warn", "none", "xid", "kernel-log-unreadable", (), ())}
+    assert table(doc) == expected, sorted(table(doc) ^ expected)
+    msg = {f["code"]: f["message"] for f in doc["findings"]}["kernel-log-unreadable"]
+    assert "read kernel buffer failed: Operation not permitted" in msg, msg
 
 
 def test_two_nodes_folded_grouped_by_action(hosts):
