@@ -39,6 +39,23 @@ LEVELS = ("info", "warn", "fail")
 # have them only where the fake knows them
 LINK_FAULTS = nodecheck.fake_knows_link_faults(nodecheck.REPO / "tests" / "fakes")
 
+# The checks on this branch (issue 12's modules land one by one): a test that needs one that is not
+# here yet is skipped, naming it.
+SCRIPTS = nodecheck.REPO / "diagnostics" / "scripts"
+SHIPPED = {name for name in ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
+           if (SCRIPTS / f"{name}.py").is_file()} if (SCRIPTS / "node_check.py").is_file() else set()
+if not (nodecheck.REPO / "tests" / "fakes" / "dcgmi").is_file():
+    SHIPPED.discard("dcgm")
+ALL_CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
+
+
+def needs(*checks):
+    missing = [c for c in checks if c not in SHIPPED]
+    what = "node_check.py" if not (SCRIPTS / "node_check.py").is_file() else \
+        ", ".join(f"{c}.py" + (" / tests/fakes/dcgmi" if c == "dcgm" else "") for c in missing)
+    return pytest.mark.skipif(bool(missing), reason=f"not on this branch yet: {what}")
+
+
 mldiag = partial(programs.mldiag, timeout=180)
 inv = partial(programs.inv, timeout=180)
 
@@ -215,6 +232,7 @@ def table(doc):
              tuple(f.get("ports") or ())) for f in doc["findings"] if f["level"] != "info"}
 
 
+@needs("xid", "nvlink", "fabric", "pcie", "ib")
 def test_healthy_node_fast(hosts):
     t = time.monotonic()
     r = inv("node-check", "--hosts-file", str(hosts), "-H", "h200-ok", "--no-dcgm", "--json")
@@ -243,6 +261,7 @@ def test_healthy_node_fast(hosts):
     assert doc["duration_s"] <= 3.0, doc["duration_s"]
 
 
+@needs("ib", "dcgm")
 def test_healthy_node_with_dcgm(lab, hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-ok", "--json")
     doc = docs_of(r)["h200-ok"]
@@ -251,6 +270,7 @@ def test_healthy_node_with_dcgm(lab, hosts):
     assert r.returncode == 1, r.stderr
 
 
+@needs("ib", "dcgm")
 def test_dcgm_level_2_failures_per_test_and_gpu(lab, hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-dcgm-bad", "--dcgm-level", "2", "--json")
     doc = docs_of(r)["h200-dcgm-bad"]
@@ -269,6 +289,7 @@ def test_dcgm_level_2_failures_per_test_and_gpu(lab, hosts):
     assert "diag" in call and "-j" in call and call[call.index("-r") + 1] == "2", calls
 
 
+@needs(*ALL_CHECKS)
 def test_faulty_node(hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-bad", "--json")
     assert r.returncode == 2, r.stdout + r.stderr
@@ -294,6 +315,7 @@ def test_faulty_node(hosts):
         assert facts["nvlink.gpu5.active"] == 16 and facts["nvlink.gpu0.active"] == 18, facts
 
 
+@needs("xid", "ib")
 def test_kernel_log_file_inside_the_ct(hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-ok", "--no-dcgm",
                "--kernel-log-file", XID48_LOG, "--json")
@@ -305,6 +327,7 @@ def test_kernel_log_file_inside_the_ct(hosts):
     assert (r.returncode, doc["data"]["worst_action"]) == (2, "drain")
 
 
+@needs("xid", "ib")
 def test_live_kernel_log_through_journalctl(lab, hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-xid", "--no-dcgm", "--json")
     doc = docs_of(r)["h200-xid"]
@@ -316,6 +339,7 @@ def test_live_kernel_log_through_journalctl(lab, hosts):
     assert calls[-1] == ["journalctl", "-k", "--since=-24h", "-o", "short-iso", "--no-pager", "-q"], calls
 
 
+@needs("xid", "ib")
 def test_journal_window_since(hosts):
     # the same Xid log, 3 days old: inside --since 96h, read from the journal
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-old-xid", "--no-dcgm", "--since", "96h", "--json")
@@ -324,6 +348,7 @@ def test_journal_window_since(hosts):
     assert table(doc) == XID48 | {LINK_DOWNED}, doc["findings"]
 
 
+@needs("xid", "ib")
 @pytest.mark.xfail(strict=True, reason="xid.read_kernel_log falls back to dmesg (the whole ring buffer "
                                        "since boot) when journalctl -k prints nothing, so a quiet "
                                        "--since window shows Xids older than it")
@@ -334,6 +359,7 @@ def test_journal_window_excludes_older_xids(hosts):
     assert table(doc) == {LINK_DOWNED}, doc["findings"]
 
 
+@needs("xid", "nvlink", "fabric", "pcie", "ib")
 def test_hung_nvidia_smi_is_a_finding_not_a_hung_run(lab, hosts):
     t = time.monotonic()
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-hung", "--no-dcgm", "--json")
@@ -358,6 +384,7 @@ def test_hung_nvidia_smi_is_a_finding_not_a_hung_run(lab, hosts):
     assert left == [], left
 
 
+@needs("xid", "ib")
 def test_hung_journalctl_then_dmesg(lab, hosts):
     t = time.monotonic()
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-journal-hung", "--no-dcgm", "--json")
@@ -376,6 +403,7 @@ def test_hung_journalctl_then_dmesg(lab, hosts):
     assert [c for c in lab.container_cmdlines(210) if any("journalctl" in a for a in c)] == []
 
 
+@needs(*ALL_CHECKS)
 def test_kernel_log_unreadable(hosts):
     # no journalctl and dmesg refused (dmesg_restrict): a warning saying so, the rest as before
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-bad-restricted", "--no-dcgm", "--json")
@@ -387,6 +415,7 @@ def test_kernel_log_unreadable(hosts):
     assert "read kernel buffer failed: Operation not permitted" in msg, msg
 
 
+@needs(*ALL_CHECKS)
 def test_two_nodes_folded_grouped_by_action(hosts):
     r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-ok,h200-bad", "--no-dcgm")
     assert r.returncode == 2, r.stdout + r.stderr
