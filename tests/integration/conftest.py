@@ -105,6 +105,13 @@ def lab():
         the_lab.close()
 
 
+@pytest.fixture(scope="session")
+def node_cts(lab):
+    """The node-check CTs 210 `h200-ok` and 211 `h200-bad` (tests/lab/nodecheck.py), started on
+    first use and shared by the session."""
+    return lab.node_check_cts()
+
+
 def pytest_terminal_summary(terminalreporter):
     for the_lab in _started:
         missing = f"; unavailable: {', '.join(the_lab.unavailable)}" if the_lab.unavailable else ""

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import lxc, netns, rootfs, sshd, slurm, users
+from . import lxc, netns, nodecheck, rootfs, sshd, slurm, users
 from .podman import Podman
 from .util import (LabError, LabUnavailable, all_pids, cmdline, descendants, environ_has,
                    free_port, kill_all, missing_programs, ns_of, run, state_of)
@@ -84,6 +84,10 @@ class Lab:
                    works for mlsh/mlzsh (CONTAINERS_CONF* point /usr/bin/podman at the lab's config);
                    podman: the Podman helper (lab.podman("ps") runs podman with that config).
       rootfs       the cached base rootfs both kinds of container overlay.
+      node_check_cts()  CTs 210 `h200-ok` and 211 `h200-bad` for node-check (tests/lab/nodecheck.py):
+                   recorded /sys/class/infiniband and made /sys/bus/pci/devices trees at their real
+                   paths, fake nvidia-smi/dmesg (+ journalctl, dcgmi on 210), saved kernel logs in
+                   /var/log/mldiag-lab; started on the first call, python /usr/bin/python3 (no venv).
     Slurm (part "slurm"; tests/lab/slurm.py)
       slurm        SlurmCluster: munged, slurmctld and slurmd n1..n4, each slurmd in its own UTS and
                    mount namespace (hostname nX, a private /tmp); the `main` host (this machine)
@@ -130,6 +134,9 @@ class Lab:
         self.rootfs: Optional[Path] = None
         self._hosts_n = 0
         self._closed = False
+        self._node_cts: Optional[Dict[int, nodecheck.NodeCT]] = None
+        self._node_cts_lock = threading.Lock()
+        self._extra_vmids: List[int] = []
 
     # ------------------------------------------------------------------ layout
 
@@ -413,6 +420,28 @@ class Lab:
         (ssh_dir / "config").write_text(sshd.ssh_config_text(
             self.servers.values(), ssh_dir / "id_ed25519", ssh_dir / "known_hosts"))
 
+    def node_check_cts(self) -> Dict[int, "nodecheck.NodeCT"]:
+        """The node-check CTs (tests/lab/nodecheck.py: 210 `h200-ok`, 211 `h200-bad`), defined
+        and started on the first call; later calls return them at once."""
+        self.need("lxc")
+        with self._node_cts_lock:
+            if self._node_cts is None:
+                t = time.monotonic()
+                try:
+                    nodes = nodecheck.build(self.dir / "nodecheck", self.fakes_dir)
+                except LabUnavailable as e:  # a recording missing: skip, or fail under CI
+                    self.on_unavailable(f"node-check CTs: {e}")
+                    raise
+                for node in nodes.values():
+                    nodecheck.define(self.lxc_path, self.rootfs, self._binds(), self.fakes_dir, node)
+                self._extra_vmids = list(nodes)
+                self._write_state()
+                for vmid in nodes:
+                    self._ct_pids[vmid] = lxc.start(self.lxc_path, vmid, self.dir / f"lxc-{vmid}.log")
+                self._node_cts = nodes
+                self.timings["node_check_cts"] = round(time.monotonic() - t, 3)
+        return self._node_cts
+
     # ------------------------------------------------------------------ helpers for tests
 
     def ssh_argv(self, alias: str, *argv: str) -> List[str]:
@@ -565,7 +594,7 @@ class Lab:
         return {
             "owner": os.getpid(), "sid": self.sid, "dir": str(self.dir),
             "sshd": [s.pid for s in list(self.servers.values()) if s.pid],  # list(): atomic vs. threads
-            "lxc_path": str(self.lxc_path), "vmids": [CT_RUNNING, CT_STOPPED],
+            "lxc_path": str(self.lxc_path), "vmids": [CT_RUNNING, CT_STOPPED, *self._extra_vmids],
             "podman": ({"conf": str(self.podman.conf), "storage_conf": str(self.podman.storage_conf),
                         "names": [PODBOX]} if self.podman else None),
             "jumpnet": self.jumpnet.__dict__ if self.jumpnet else None,
@@ -590,6 +619,9 @@ class Lab:
             lines.append(f"  {s.name:9} {s.address}:{s.port} netns={s.netns or '-'} "
                          f"aliases={','.join(s.aliases.values())} log={s.log_path}")
         lines.append(f"  lxc_path {self.lxc_path} (CT {CT_RUNNING} running, {CT_STOPPED} stopped)")
+        for node in (self._node_cts or {}).values():
+            lines.append(f"  CT {node.vmid} {node.name}: /sys/class/infiniband <- {node.ib_tree}, "
+                         f"/sys/bus/pci/devices <- {node.pci_tree}, tools {' '.join(node.tools)}")
         if self.podman:
             lines.append(f"  podman {PODBOX}: " + " ".join(f"{k}={v}" for k, v in self.podman.config_env.items()))
         if self.slurm and "slurm" not in self.unavailable:

@@ -10,10 +10,11 @@ from typing import Dict, Iterable, List, Optional
 from .util import LabError, run, wait_until
 
 
-def config_text(vmid: int, base: Path, delta: Path, binds: Iterable[Path]) -> str:
+def config_text(vmid: int, base: Path, delta: Path, binds: Iterable[Path],
+                extra_lines: Iterable[str] = (), hostname: Optional[str] = None) -> str:
     lines = [
         f"# mldiag lab CT {vmid}",
-        f"lxc.uts.name = ct{vmid}",
+        f"lxc.uts.name = {hostname or f'ct{vmid}'}",
         f"lxc.rootfs.path = overlay:{base}:{delta}",
         # NOTE: 'empty' is a network namespace with only lo, like a CT without a NIC;
         # 'none' would share the host's network namespace.
@@ -28,13 +29,16 @@ def config_text(vmid: int, base: Path, delta: Path, binds: Iterable[Path]) -> st
         if " " in str(b):
             raise LabError(f"cannot bind-mount {b}: LXC mount entries are space separated")
         lines.append(f"lxc.mount.entry = {b} {str(b).lstrip('/')} none bind,ro,create=dir 0 0")
+    lines.extend(extra_lines)
     return "\n".join(lines) + "\n"
 
 
 def define(lxc_path: Path, vmid: int, base: Path, binds: Iterable[Path] = (),
-           links: Optional[Dict[str, str]] = None) -> Path:
+           links: Optional[Dict[str, str]] = None, extra_lines: Iterable[str] = (),
+           hostname: Optional[str] = None) -> Path:
     """Write LXC_PATH/VMID/config and an empty overlay delta; `links` are symlinks
-    (path inside the CT -> target) placed in the delta, e.g. /usr/bin/nvidia-smi."""
+    (path inside the CT -> target) placed in the delta, e.g. /usr/bin/nvidia-smi;
+    `extra_lines` go at the end of the config (e.g. more lxc.mount.entry lines)."""
     d = lxc_path / str(vmid)
     delta = d / "delta"
     delta.mkdir(parents=True, exist_ok=True)
@@ -44,7 +48,7 @@ def define(lxc_path: Path, vmid: int, base: Path, binds: Iterable[Path] = (),
         if os.path.lexists(link):
             link.unlink()
         os.symlink(target, link)
-    (d / "config").write_text(config_text(vmid, base, delta, binds))
+    (d / "config").write_text(config_text(vmid, base, delta, binds, extra_lines, hostname))
     return d
 
 
