@@ -42,9 +42,10 @@ class Job:
 # (the run's private temp dir is on the script's sys.path). One Xid catalog serves three
 # diagnostics; node-check's checks are one module each.
 COMPANIONS: Dict[str, Sequence[str]] = {
-    "gpu-status": (),
-    "scan-log": (),
-    "node-check": (),
+    "gpu-status": ("xid.py", "xid_catalog.json"),
+    "scan-log": ("xid.py", "xid_catalog.json"),
+    "node-check": ("xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py", "ib.py",
+                   "dcgm.py"),
 }
 
 

@@ -39,10 +39,9 @@ from .hops import transport_for
 from .hops.base import Transport, TransportError, first_line
 from .hops.ssh import SshPool
 from .hops.sudo import Sudo
-from .results import Result
+from .results import ACTIONS, Result
 from .topology import NAME, Target
 
-ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
 _ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
 DRAIN_RANK = _ACTION_RANK["drain"]
 TAG = "mldiag:"

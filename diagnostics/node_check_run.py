@@ -8,19 +8,24 @@ only the client can do with all the answers together (issue 12):
 - ``--prom FILE``: a node-exporter textfile-collector file (``prom.write``);
 - Slurm: ``--drain`` drains the nodes whose worst action is drain or worse, ``--undrain``
   resumes the nodes mldiag drained that now pass; without either, the commands it would run
-  are printed (``drain.plan`` / ``drain.run``).
+  are printed (``drain.plan`` / ``drain.run``). Nothing of this when no Slurm node was
+  selected.
 
-Bad input (a baseline file that is not one, both --drain and --undrain, a bad --dcgm-level)
-is refused before anything connects.
+Bad input (a baseline file that is not one, both --drain and --undrain, a bad --dcgm-level,
+a --prom name not ending in .prom) is refused before anything connects. A Slurm command that
+fails (no rights, the login host gone) makes the exit code at least 3: the drain a user asked
+for did not happen.
 """
 
 import io
 import sys
 from typing import List, Optional, TextIO
 
-from . import cli, jobs, node_view, results as results_mod
-from .errors import InputError
+from . import baseline as baseline_mod, cli, drain as drain_mod, jobs, node_view, prom as prom_mod
+from . import results as results_mod
+from .errors import EXIT_ERROR, InputError
 from .outcome import Outcome
+from .render import safe_text
 from .results import Result
 
 
@@ -48,30 +53,42 @@ def execute(opts: cli.Options, values: dict, *, save_baseline: Optional[str] = N
         raise InputError(f"--dcgm-level: expected 1, 2 or 3, got {level!r}")
     if drain and undrain:
         raise InputError("--drain and --undrain: give one of them")
-    # TODO(issue 12, this session): baseline, prom and drain land from their branches
-    import importlib.util
-    has = {m: importlib.util.find_spec(f"diagnostics.{m}") is not None
-           for m in ("baseline", "prom", "drain")}
-    saved = None
-    if has["baseline"]:
-        from . import baseline as baseline_mod
-        saved = baseline_mod.load(baseline) if baseline else None
+    if prom:
+        prom_mod.check_path(prom)
+    saved = baseline_mod.load(baseline) if baseline else None
     job = jobs.job_source("node-check", values)
 
     def amend(results: List[Result]) -> None:
-        if has["baseline"]:
-            amend_with(baseline_mod.deviations(results, saved))(results)
+        amend_with(baseline_mod.deviations(results, saved))(results)
 
     outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
-    if save_baseline and has["baseline"]:
+    if save_baseline:
         baseline_mod.save(save_baseline, outcome.results)
-    if prom and has["prom"]:
-        from . import prom as prom_mod
+    if prom:
         prom_mod.write(prom, outcome.results)
-    if has["drain"]:
-        from . import drain as drain_mod
-        targets = cli.select_targets(opts, note=io.StringIO())
-        steps = drain_mod.plan(outcome.results, targets, undrain=undrain)
-        if steps:
-            drain_mod.run(steps, execute=drain or undrain, out=out)
-    return outcome
+    return slurm(opts, outcome, drain=drain, undrain=undrain, out=out)
+
+
+def slurm(opts: cli.Options, outcome: Outcome, *, drain: bool, undrain: bool,
+          out: TextIO) -> Outcome:
+    """Drain/resume (or, without a flag, show what would be run) for the Slurm node rows."""
+    targets = cli.select_targets(opts, note=io.StringIO())   # said once already, by the run
+    steps = drain_mod.plan(outcome.results, targets)
+    if not any(step.want != "skip" for step in steps):
+        if drain or undrain:
+            return Outcome(outcome.results, max(outcome.exit_code, EXIT_ERROR),
+                           outcome.messages + ("--drain/--undrain: no Slurm node was checked",))
+        return outcome
+    outcomes = drain_mod.run(steps, drain=drain, undrain=undrain)
+    shown = [safe_text(line) for line in drain_mod.lines(outcomes)]
+    messages = outcome.messages
+    if opts.json:   # stdout is the JSON document: the Slurm lines go to stderr
+        messages += tuple(shown)
+    else:           # under a "Slurm:" heading of their own
+        out.write("\nSlurm:\n" + "".join(f"  {line[len('Slurm: '):] if line.startswith('Slurm: ') else line}\n"
+                                          for line in shown))
+        out.flush()
+    code = outcome.exit_code
+    if drain_mod.failed(outcomes):
+        code = max(code, EXIT_ERROR)
+    return Outcome(outcome.results, code, messages)

@@ -40,10 +40,9 @@ import stat
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .errors import InputError
-from .results import Result, status_rank
+from .results import ACTIONS, Result, status_rank
 
 PREFIX = "mldiag_node_check_"
-ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
 CHECK_STATUS = {"ok": 0, "warn": 1, "fail": 2, "hung": 3, "error": 3, "skipped": -1}
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -139,13 +138,19 @@ def render(results: List[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_path(path: str) -> None:
+    """InputError unless PATH names a ``*.prom`` file (checked before anything connects)."""
+    name = os.path.basename(os.path.abspath(path))
+    if not name.endswith(".prom") or name == ".prom":
+        raise InputError(f"--prom {path}: the file name must end in .prom (node-exporter's "
+                         f"textfile collector reads only *.prom)")
+
+
 def write(path: str, results: List[Result]) -> None:
     """Write ``render(results)`` to PATH atomically, never through a symbolic link."""
     shown = f"--prom {path}"
+    check_path(path)
     directory, name = os.path.split(os.path.abspath(path))
-    if not name.endswith(".prom") or name == ".prom":
-        raise InputError(f"{shown}: the file name must end in .prom (node-exporter's textfile "
-                         f"collector reads only *.prom)")
     text = render(results).encode("utf-8")
     try:
         dfd = os.open(directory, _OPEN_DIR)

@@ -8,7 +8,9 @@ sys.path; by hand, copy them next to it):
 
     xid.py (+ xid_catalog.json)  the kernel log's Xid / SXid lines, with NVIDIA's action
     nvlink.py                    links active per GPU, link error counters
-    fabric.py                    nvidia-smi -q's Fabric section, the fabric manager
+    nvfabric.py                  nvidia-smi -q's Fabric section, the fabric manager
+                                 (check "fabric"; not fabric.py, which would shadow
+                                 Fabric, the SSH library, wherever this dir is on sys.path)
     pcie.py                      GPU and NIC link width/generation, AER counters (sysfs)
     ib.py                        /sys/class/infiniband ports: state, rate, counters, flaps
     dcgm.py                      dcgmi diag -r N -j, when dcgmi is installed
@@ -44,6 +46,8 @@ import time
 import traceback
 
 CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
+# A check's module file, where its name would shadow a well-known package.
+MODULE_OF = {"fabric": "nvfabric"}
 ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
 LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2}
 EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
@@ -254,16 +258,28 @@ def _one_or_many(values):
     return values[0] if len(values) == 1 else " / ".join(values)
 
 
-def host_facts():
+def host_facts(sys_root="/sys"):
     facts = {"kernel": platform.release()}
-    for path in ("/sys/module/mlx5_core/version", "/sys/module/mlx_compat/version"):
-        try:
-            with open(path) as f:
-                facts["ofed"] = f.read(200).strip() or None
-            break
-        except OSError:
-            continue
+    ib = load_check("ib")
+    if ib is not None and hasattr(ib, "ofed_version"):
+        version, _ = ib.ofed_version(sys_root)
+        if version:
+            facts["ofed"] = version
     return facts
+
+
+SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def span_seconds(text):
+    """``--since``'s span ("24h", "90m", "2d", "3600") in seconds, or None when it is not one."""
+    text = str(text or "").strip().lstrip("-").lower()
+    unit = text[-1:] if text[-1:] in SPAN_UNITS else "s"
+    number = text[:-1] if text[-1:] in SPAN_UNITS else text
+    try:
+        return float(number) * SPAN_UNITS[unit]
+    except ValueError:
+        return None
 
 
 # --------------------------------------------------------------------------- running the checks
@@ -279,7 +295,7 @@ def load_check(name):
     private = "_mldiag_check_" + name
     if private in sys.modules:
         return sys.modules[private]
-    path = os.path.join(HERE, name + ".py")
+    path = os.path.join(HERE, MODULE_OF.get(name, name) + ".py")
     if not os.path.isfile(path):
         return None
     spec = importlib.util.spec_from_file_location(private, path)
@@ -408,6 +424,16 @@ def parse_expect(text):
             if k in EXPECT_KEYS and isinstance(v, int) and not isinstance(v, bool)}
 
 
+def dcgm_budget(level):
+    """The node-check budget for a dcgmi diag run at ``level``: dcgm.py's own timeout for that
+    level (one table, in dcgm.py) and a minute for the other checks. A level-3 run that takes
+    50 minutes must end as dcgm.py's verdict, not as "hung" at node-check's budget."""
+    if not level:
+        return DEFAULT_BUDGET
+    dcgm = load_check("dcgm")
+    return max(DEFAULT_BUDGET, dcgm.timeout_for(level) + 60.0) if dcgm else DEFAULT_BUDGET
+
+
 def run(args):
     expect = parse_expect(args.expect)
     run_tool = ToolRunner()
@@ -416,8 +442,7 @@ def run(args):
     dcgm_level = None if args.no_dcgm else args.dcgm_level
     if args.no_dcgm and "dcgm" in names:
         names.remove("dcgm")
-    budget = args.budget or (DEFAULT_BUDGET if not dcgm_level else
-                             {1: 120.0, 2: 600.0, 3: 2700.0}[dcgm_level] + 60.0)
+    budget = args.budget or dcgm_budget(dcgm_level)
 
     gpus, findings, inventory_note = inventory(run_tool, args.tool_timeout)
     count = gpu_count_finding(gpus, expect)
@@ -427,8 +452,12 @@ def run(args):
     facts.update(inventory_facts(gpus))
 
     kernel_log = read_kernel_log(run_tool, args, findings)
+    span = span_seconds(args.since)
     options = {"gpus": gpus, "kernel_log": kernel_log, "sys_root": "/sys",
-               "dcgm_level": dcgm_level, "tool_timeout": args.tool_timeout}
+               "dcgm_level": dcgm_level, "tool_timeout": args.tool_timeout,
+               # the fabric manager's log is read over the same window as the kernel's
+               "log_since": time.time() - span if span is not None else None,
+               "under_load": False}
     more, check_facts, checks, check_data = run_checks(names, expect, run_tool, options, budget)
     findings.extend(more)
     facts.update(check_facts)

@@ -408,14 +408,20 @@ def _secs(x):
     return ("%g" % x) if x == int(x) else ("%.1f" % x)
 
 
+# journalctl(1) without -q prints this when nothing matches; with no journal files or no read
+# access it says why on stderr besides ("No journal files were found.", "Hint: You are
+# currently not seeing messages ...")
+NO_ENTRIES = "-- No entries --"
+
+
 def read_kernel_log(run_tool, since="24h", path=None, timeout=DEFAULT_TIMEOUT, max_bytes=MAX_LOG_BYTES):
     """The kernel log to classify: ``{"source": "file:PATH"|"journalctl"|"dmesg"|None, "text",
     "error": str|None, "hung": [message, ...]}``.
 
     ``path`` (``--kernel-log-file``) first, its last ``max_bytes``; else ``journalctl -k
-    --since=-24h -o short-iso --no-pager -q`` (systemd.time(7): a relative time is the span
-    prefixed with "-"); when journalctl is missing, fails or prints nothing (no journal, no
-    access), ``dmesg --time-format=iso`` (util-linux), then plain ``dmesg`` (busybox, old
+    --since=-24h -o short-iso --no-pager`` (systemd.time(7): a relative time is the span
+    prefixed with "-"); its bare ``-- No entries --`` is a quiet window, not a fallback; when
+    journalctl is missing, fails or prints nothing usable (no journal, no access), ``dmesg --time-format=iso`` (util-linux), then plain ``dmesg`` (busybox, old
     util-linux). A tool that does not answer within ``timeout`` is named in ``hung``."""
     if path:
         try:
@@ -432,7 +438,7 @@ def read_kernel_log(run_tool, since="24h", path=None, timeout=DEFAULT_TIMEOUT, m
         return {"source": "file:%s" % path, "text": text, "error": None, "hung": []}
     why, hung = [], []
     span = str(since).strip().lstrip("-") or "24h"
-    for argv in (["journalctl", "-k", "--since=-%s" % span, "-o", "short-iso", "--no-pager", "-q"],
+    for argv in (["journalctl", "-k", "--since=-%s" % span, "-o", "short-iso", "--no-pager"],
                  ["dmesg", "--time-format=iso"], ["dmesg"]):
         shown = " ".join(argv[:2]) if argv[0] == "journalctl" else " ".join(argv)
         if argv == ["dmesg"] and any(w.startswith("dmesg:") and "not found" in w for w in why):
@@ -451,7 +457,11 @@ def read_kernel_log(run_tool, since="24h", path=None, timeout=DEFAULT_TIMEOUT, m
             why.append("%s: not run (it hung earlier in this run)" % argv[0])
             continue
         out = t.out or ""
-        if t.rc == 0 and out.strip():
+        if argv[0] == "journalctl" and t.rc == 0 and out.strip() == NO_ENTRIES and not (t.err or "").strip():
+            # a readable journal with nothing in the window: that is the answer (dmesg would
+            # show the whole ring buffer since boot, Xids older than the window among it)
+            return {"source": argv[0], "text": "", "error": None, "hung": hung}
+        if t.rc == 0 and out.strip() and out.strip() != NO_ENTRIES:
             return {"source": argv[0], "text": _tail(out, max_bytes), "error": None, "hung": hung}
         said = next((l.strip() for l in ((t.err or "") + "\n" + out).splitlines() if l.strip()), "")
         why.append("%s: %s" % (shown, said[:200] or ("exit %s" % t.rc if t.rc else "no output")))

@@ -98,7 +98,7 @@ def test_gpu_status_in_the_ct(plain_hosts):
     assert busy["status"] == "ok", busy
     assert busy["summary"] == "8\u00d7 NVIDIA H200, driver 590.48.01: healthy; GPU 3 busy (71 GiB, pid 4242)"
     assert busy["findings"] == [{"level": "info", "code": "gpu-busy",
-                                 "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3]}]
+                                 "message": "GPU 3 busy: 71 GiB held by pid 4242 (python)", "gpus": [3], "action": "none"}]
     assert busy["data"]["source"] == "nvidia-smi" and busy["data"]["gpu_count"] == 8
     assert busy["data"]["processes"] == [{"gpu": 3, "pid": 4242, "name": "python", "used_memory_mib": 72704,
                                           "gpu_uuid": "GPU-00000003-0000-0000-0000-000000000003"}]

@@ -1,17 +1,26 @@
 """node-check --drain/--undrain (issue 12 item 9) on the lab's real 4-node Slurm cluster: the
 login host `main` over SSH (user mlsh, `become: sudo`), scontrol there through mldiag's own
 connection; every state checked with a real `scontrol show node` run here as root. Results are
-made by hand (the findings node-check would report); each test leaves every node IDLE."""
+made by hand (the findings node-check would report), and at the end the real `mldiag node-check`
+on node n2 with a saved kernel log; each test leaves every node IDLE."""
 
 import datetime
+import json
 import re
+import shutil
 import time
+from functools import partial
+from pathlib import Path
 
 import pytest
 
 from diagnostics import drain, topology
 from diagnostics.hops.ssh import SshPool
 from diagnostics.results import Finding, Result
+from tests import programs
+
+REPO = Path(__file__).resolve().parents[2]
+mldiag = partial(programs.mldiag, timeout=180)
 
 HOSTS = """\
 defaults: {connect_timeout: 5, timeout: 60}
@@ -182,3 +191,62 @@ def test_without_slurm_rights_the_update_fails_visibly_and_nothing_changes(topo,
     assert o.message.startswith("scontrol failed (exit 1: "), o.message
     assert o.command == ('scontrol update nodename=n1 state=drain '
                          'reason="mldiag: xid-79 (node-check 2026-12-01T10:00Z)"')
+
+
+# ------------------------------------------------------------ through the task: mldiag node-check
+# The real node-check on node n2 of the cluster, its kernel log a saved one (tests/fixtures/xid):
+# Xid 48 with Xid 63 on the same GPU is NVIDIA's DRAIN_AND_RESET, so the node's worst action is
+# drain; the boot log of an 8x H100 node has no Xid.
+
+def saved_log(lab, name):
+    """A copy of a saved kernel log the job on the compute node can read (the lab dir is bound
+    back into each node's private /tmp; the checkout may be under a 0700 home)."""
+    dest = lab.dir / f"drain-{name}"
+    shutil.copyfile(REPO / "tests" / "fixtures" / "xid" / name, dest)
+    dest.chmod(0o644)
+    return dest
+
+
+def node_check(topo, *flags, log):
+    return mldiag("node-check", "--hosts-file", topo.path, "-H", "cluster-a:n2", "--no-dcgm",
+                  "--no-color", "--kernel-log-file", str(log), *flags)
+
+
+def test_the_task_prints_the_drain_it_would_run_then_drains_with_the_tagged_reason(lab, topo, cluster):
+    xid48 = saved_log(lab, "gpud-dmesg-time-format-iso.log")
+    dry = node_check(topo, log=xid48)
+    assert dry.returncode == 2, dry.stdout + dry.stderr
+    out = dry.stdout
+    assert out.splitlines()[1].split()[:2] == ["cluster-a:n2", "fail"], out
+    assert "\nACTION  TARGETS       WHY\ndrain   cluster-a:n2  xid-48\n" in out, out
+    reason = re.search(r'reason="(mldiag: xid-48 \(node-check \d{4}-\d\d-\d\dT\d\d:\d\dZ\))"', out)
+    assert reason, out
+    assert out.endswith(
+        "\nSlurm:\n  cluster-a:n2: --drain would run: sudo -n -- scontrol update nodename=n2 "
+        f'state=drain reason="{reason.group(1)}"\n'), out
+    assert slurm_state(cluster, "n2") == ("IDLE", None)        # a dry run changes nothing
+
+    done = node_check(topo, "--drain", "--json", log=xid48)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [doc] = json.loads(done.stdout)                            # stdout stays the JSON document
+    assert doc["target"] == "cluster-a:n2" and doc["data"]["worst_action"] == "drain"
+    state, why = slurm_state(cluster, "n2")
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check \S+Z\)", why), why
+    assert f"mldiag: cluster-a:n2: drained (now State=IDLE+DRAIN): sudo -n -- scontrol update " \
+           f'nodename=n2 state=drain reason="{why}"' in done.stderr, done.stderr
+    for node in ("n1", "n3", "n4"):
+        assert slurm_state(cluster, node) == ("IDLE", None)
+
+
+def test_undrain_through_the_task_cannot_check_a_drained_node_and_leaves_it_drained(lab, topo, cluster):
+    """Slurm allocates no job on a DRAIN node, so node-check cannot run there through the
+    cluster target: the row is unreachable, and an unchecked node is never resumed."""
+    reason = "mldiag: xid-48 (node-check 2026-12-01T10:00Z)"
+    cluster.cmd("scontrol", "update", "nodename=n2", "state=drain", f"reason={reason}", check=True)
+    clean = saved_log(lab, "gpud-dmesg.decode.iso.log.1")
+    r = node_check(topo, "--undrain", "--timeout", "8", log=clean)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout.splitlines()[1].split()[:3] == ["cluster-a:n2", "error", "unreachable:"], r.stdout
+    assert (f"  cluster-a:n2: stays drained: not checked (unreachable) (State=IDLE+DRAIN, "
+            f"Reason={reason})\n") in r.stdout, r.stdout
+    assert slurm_state(cluster, "n2") == ("IDLE+DRAIN", reason)

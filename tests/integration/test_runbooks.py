@@ -185,13 +185,21 @@ def test_node_health_on_a_group(lab_setup, tmp_path):
     assert table["ping"] == {"trainbox": "ok", "sickbox": "ok", "hotbox": "ok"}
     assert table["gpu-status"] == {"trainbox": "ok", "sickbox": "fail", "hotbox": "fail"}
     assert table["xid"] == {"trainbox": "fail", "sickbox": "fail", "hotbox": "fail"}
+    # node-check on the same CTs: sickbox's lost GPU is a reboot; no kernel log is readable for
+    # the CT's user (the saved one is only the xid step's), which is a warning, not "no Xid"
+    assert table["node-check"] == {"trainbox": "warn", "sickbox": "fail", "hotbox": "warn"}
+    node = results_of(doc, "node-check")
+    assert [(f["level"], f["code"], f["action"]) for f in node["sickbox"]["findings"]
+            if f["level"] == "fail"] == [("fail", "gpu-count", "reboot")]
+    assert all("kernel-log-unreadable" in codes(node[t]) for t in node), node
+    assert {node[t]["data"]["worst_action"] for t in node} == {"reboot", "none"}
     gpu = results_of(doc, "gpu-status")
     assert "7 of 8 GPUs visible" in gpu["sickbox"]["summary"] + json.dumps(gpu["sickbox"]["findings"])
     assert "clocks-hw-thermal" in codes(gpu["hotbox"])
     xid = codes(results_of(doc, "xid")["sickbox"])
     assert {"xid-fatal", "xid"} <= set(xid)
     out = r.stdout
-    assert "| 3. xid: Xid lines in the saved kernel log | fail | fail |" in out
+    assert "| 4. xid: Xid lines in the saved kernel log | fail | fail |" in out
     assert "| Target | GPU | Name | Memory | Util | Temp | Power | Clock events |" in out
     # env drift across the group: only trainbox sees torch (PYTHONPATH)
     drift = out.split("Drift across 3 targets:\n", 1)[1].split("\n\n", 1)[0].splitlines()

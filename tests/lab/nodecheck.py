@@ -37,18 +37,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from . import lxc
-from .util import LabError, LabUnavailable
+from .util import LabError
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTHY, FAULTY = 210, 211
 LOG_DIR = "/var/log/mldiag-lab"
 
-# The recorded /sys/class/infiniband tree: in the project once the `ib` fixtures land, else the
-# shared fixture it is copied from.
-IB_TREES = (REPO / "tests" / "fixtures" / "infiniband" / "sys-class-infiniband-h100",
-            Path("/work/shared/fixtures/infiniband/gpud-sys-class-infiniband-h100.0"))
-# Saved kernel logs (real, unchanged): looked up in these dirs, in order.
-KLOG_DIRS = (REPO / "tests" / "fixtures" / "xid", Path("/work/shared/fixtures/xid"))
+# The recorded /sys/class/infiniband tree (tests/fixtures/infiniband/README.md names its source).
+IB_TREE = REPO / "tests" / "fixtures" / "infiniband" / "sys-class-infiniband-h100"
+# Saved kernel logs (real, unchanged; tests/fixtures/xid/README.md).
+KLOG_DIR = REPO / "tests" / "fixtures" / "xid"
 KLOGS = {
     "healthy": "gpud-dmesg.decode.iso.log.1",              # 8x H100 HGX boot, no Xid
     "xid79": "gpud-sxid-README.xid79-sxid20034.excerpt.md",  # Xid 79 + SXid 20034 (Markdown quote)
@@ -127,10 +125,9 @@ def write_pci_tree(dest: Path, devices: List[PciDevice]) -> Path:
 
 
 def ib_tree() -> Path:
-    for t in IB_TREES:
-        if (t / "mlx5_0" / "ports" / "1" / "state").is_file():
-            return t
-    raise LabUnavailable(f"no recorded /sys/class/infiniband tree (looked in {', '.join(map(str, IB_TREES))})")
+    if (IB_TREE / "mlx5_0" / "ports" / "1" / "state").is_file():
+        return IB_TREE
+    raise LabError(f"the recorded /sys/class/infiniband tree is missing: {IB_TREE}")
 
 
 # (device, port) -> {attribute: new text}: the faults of the faulty CT's IB tree
@@ -168,15 +165,14 @@ def _read_only(root: Path) -> None:
 
 
 def find_klog(name: str) -> Path:
-    for d in KLOG_DIRS:
-        if (d / name).is_file():
-            return d / name
-    raise LabUnavailable(f"no saved kernel log {name} (looked in {', '.join(map(str, KLOG_DIRS))})")
+    if (KLOG_DIR / name).is_file():
+        return KLOG_DIR / name
+    raise LabError(f"the saved kernel log is missing: {KLOG_DIR / name}")
 
 
 # The faulty CT's GPUs, as a derived capture of the fake nvidia-smi (tests/fakes/nvidia-smi,
 # "Derived captures") written into the CT at /usr/local/share/mldiag/nvidia-smi/, a directory the
-# fake looks captures up in. NVLink and fabric faults only where the fake knows those directives.
+# fake looks captures up in.
 CAPTURE_DIR = "/usr/local/share/mldiag/nvidia-smi"
 FAULTY_CAPTURE = "derived__h200x8__node-check-bad"
 FAULTY_CAPTURE_TEXT = """\
@@ -191,15 +187,6 @@ nvlink-down 5 4
 nvlink-down 5 11
 fabric * "In Progress" N/A
 """
-
-
-def fake_knows_link_faults(fakes_dir: Path) -> bool:
-    """Whether the fake nvidia-smi has the nvlink-down/fabric directives (issue 12, `links`)."""
-    try:
-        text = (fakes_dir / "nvidia-smi").read_text()
-    except OSError:
-        return False
-    return "nvlink-down" in text and "fabric GPU" in text
 
 
 @dataclass
@@ -230,7 +217,7 @@ def build(work: Path, fakes_dir: Path) -> Dict[int, NodeCT]:
     """Make the sysfs trees under `work` and describe the two CTs."""
     work.mkdir(parents=True, exist_ok=True)
     real_ib = ib_tree()
-    capture = FAULTY_CAPTURE_TEXT + (FAULTY_GPU_FAULTS if fake_knows_link_faults(fakes_dir) else "")
+    capture = FAULTY_CAPTURE_TEXT + FAULTY_GPU_FAULTS
     return {
         HEALTHY: NodeCT(HEALTHY, "h200-ok", real_ib, write_pci_tree(work / "pci-healthy", h200_hgx()),
                         ("nvidia-smi", "dmesg", "journalctl", "dcgmi"), "healthy"),

@@ -1,4 +1,4 @@
-"""node-check's NVSwitch fabric check (diagnostics/scripts/fabric.py): ``nvidia-smi -q``'s
+"""node-check's NVSwitch fabric check (diagnostics/scripts/nvfabric.py): ``nvidia-smi -q``'s
 Fabric section from recorded outputs (a cut-short one too), the fabric manager's service state
 and log, check() with a fake run_tool, and the fake nvidia-smi's ``-q`` for an 8-GPU H200 node
 (tests/fixtures/fabric/README.md says where each file comes from and what it should give)."""
@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "fabric"
 CAPTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
 FAKE = ROOT / "tests" / "fakes" / "nvidia-smi"
-SCRIPT = ROOT / "diagnostics" / "scripts" / "fabric.py"
+SCRIPT = ROOT / "diagnostics" / "scripts" / "nvfabric.py"
 
-fab = load_script("fabric.py", "mldiag_test_fabric")
+fab = load_script("nvfabric.py", "mldiag_test_fabric")
 
 H200 = "linux-x86_64__nvidia-h200__590.48.01.txt"
 VALID_161 = "gpud-nvidia-smi-query.535.161.08.out.0.valid"

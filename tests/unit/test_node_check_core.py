@@ -169,16 +169,23 @@ def test_one_crashed_and_one_hung_check_never_cost_the_others(tmp_path):
 
 
 def test_a_check_named_like_an_installed_package_is_ours(tmp_path):
-    """Fabric (the SSH library) is installed here as ``fabric``: our fabric.py must be loaded,
-    and the library must stay importable under its own name."""
-    mod = checks_dir(tmp_path, {"fabric": """
+    """Invoke is installed here as ``invoke``: a check module of that name beside node_check.py
+    must be the one loaded, and the library must stay importable under its own name. The fabric
+    check's file is nvfabric.py: a fabric.py would shadow Fabric wherever its dir is on sys.path."""
+    mod = checks_dir(tmp_path, {"invoke": """
+        def check(expect, run_tool, **options):
+            return {"findings": [], "facts": {"invoke.ours": True}}
+    """, "nvfabric": """
         def check(expect, run_tool, **options):
             return {"findings": [], "facts": {"fabric.ours": True}}
     """})
-    _, facts, checks, _ = mod.run_checks(["fabric"], {}, nc.ToolRunner(), {}, 5)
-    assert facts == {"fabric.ours": True} and checks["fabric"]["status"] == "ok"
+    _, facts, checks, _ = mod.run_checks(["invoke", "fabric"], {}, nc.ToolRunner(), {}, 5)
+    assert facts == {"invoke.ours": True, "fabric.ours": True}
+    assert checks["invoke"]["status"] == checks["fabric"]["status"] == "ok"
+    import invoke
     import fabric
-    assert hasattr(fabric, "Connection")
+    assert hasattr(invoke, "task") and hasattr(fabric, "Connection")
+    assert not (SCRIPTS / "fabric.py").exists()
 
 
 def test_summary_names_the_worst_action_and_the_top_finding():
@@ -246,10 +253,15 @@ def test_the_job_sends_the_expect_block_and_raises_the_timeout_for_dcgm_levels()
     assert off.timeout is None
 
 
-def test_the_script_budget_follows_the_same_dcgm_levels():
-    assert {1: 120.0, 2: 600.0, 3: 2700.0} == jobs.DCGM_LEVEL_TIMEOUT
-    source = (SCRIPTS / "node_check.py").read_text()
-    assert "{1: 120.0, 2: 600.0, 3: 2700.0}" in source
+def test_the_job_timeout_and_the_script_budget_follow_dcgm_py():
+    dcgm = load_script("dcgm.py", "mldiag_test_dcgm_levels")
+    for level in (1, 2, 3):
+        assert jobs.DCGM_LEVEL_TIMEOUT[level] == dcgm.timeout_for(level), level
+        # the script's budget covers dcgmi's own timeout: a slow level-3 run ends as dcgm.py's
+        # verdict, never as "hung" at the node-check budget
+        assert nc.dcgm_budget(level) >= dcgm.timeout_for(level) + 60, level
+    assert jobs.DCGM_LEVEL_TIMEOUT[3] == 3600.0
+    assert nc.dcgm_budget(None) == nc.DEFAULT_BUDGET
 
 
 def test_the_bundle_carries_every_companion_that_exists():

@@ -20,14 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import load_script
 from tests.unit.test_ib import materialise, no_tools
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "diagnostics" / "scripts"
 FIX = REPO / "tests" / "fixtures" / "pcie"
 
-sys.path.insert(0, str(SCRIPTS))
-import pcie  # noqa: E402
+# Loaded by path, never by putting the scripts dir on sys.path: a script named like an
+# installed package (as fabric.py once was) would shadow it for every later test.
+pcie = load_script("pcie.py", "mldiag_test_pcie")
 
 MANIFEST = json.loads((FIX / "gcm-DGX_A100.manifest.json").read_text())
 CLASSES = {"gpu": ("0x10de", "0x030200"), "ib": ("0x15b3", "0x020700"),

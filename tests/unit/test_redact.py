@@ -362,16 +362,16 @@ def test_redaction_time_grows_linearly_with_hostile_input(unit):
         start = time.process_time()
         redact.redact_text(small)
         spent = min(spent, time.process_time() - start)
-    # 10x the text in at most 15x the CPU (quadratic would be 100x); a second try absorbs a
-    # noisy neighbour
+    # 10x the text in at most 30x the CPU (quadratic would be 100x: the margin is for cache
+    # effects of the bigger text and a noisy neighbour on 2 cores); a second try absorbs a burst
     for attempt in range(2):
         try:
-            with _cpu_budget(15 * spent):
+            with _cpu_budget(30 * spent):
                 redact.redact_text(big)
             return
         except _TooSlow:
             continue
-    pytest.fail(f"1 MB took more than 15x the CPU of 100 KB ({spent * 1000:.1f} ms)")
+    pytest.fail(f"1 MB took more than 30x the CPU of 100 KB ({spent * 1000:.1f} ms)")
 
 
 def test_a_whole_document_is_redacted_everywhere_and_keeps_its_shape():

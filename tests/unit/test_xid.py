@@ -223,7 +223,7 @@ XID_LINE = "2025-02-23T16:24:18+0000 gpu01 kernel: NVRM: Xid (PCI:0000:91:00): 7
 def test_journalctl_first_with_the_window_systemd_time_spells():
     run_tool, calls = fake_tools({"journalctl": Tool("ok", 0, XID_LINE, "", 0.1)})
     log = xid.read_kernel_log(run_tool)
-    assert calls == [["journalctl", "-k", "--since=-24h", "-o", "short-iso", "--no-pager", "-q"]]
+    assert calls == [["journalctl", "-k", "--since=-24h", "-o", "short-iso", "--no-pager"]]
     assert (log["source"], log["text"], log["error"]) == ("journalctl", XID_LINE, None)
     xid.read_kernel_log(run_tool, since="2h")
     assert calls[-1][2] == "--since=-2h"
@@ -246,6 +246,26 @@ def test_empty_journal_and_an_old_dmesg_fall_back_to_plain_dmesg():
     log = xid.read_kernel_log(run_tool)
     assert [c for c in calls] == [calls[0], ["dmesg", "--time-format=iso"], ["dmesg"]]
     assert log["source"] == "dmesg"
+
+
+def test_a_quiet_journal_window_is_the_answer_not_a_fallback():
+    # journalctl -k --since=-24h on a node whose Xids are older than the window: dmesg would
+    # show the whole ring buffer since boot, old Xids among it
+    run_tool, calls = fake_tools({"journalctl": Tool("ok", 0, "-- No entries --\n", "", 0.1),
+                                  "dmesg": Tool("ok", 0, XID_LINE, "", 0.0)})
+    log = xid.read_kernel_log(run_tool)
+    assert [c[0] for c in calls] == ["journalctl"]
+    assert (log["source"], log["text"], log["error"]) == ("journalctl", "", None)
+    assert xid.check({}, run_tool, gpus=INVENTORY)["findings"] == []
+
+
+def test_no_journal_files_still_fall_back_to_dmesg():
+    # no journal at all (a container without journald): the same "-- No entries --", and why
+    run_tool, calls = fake_tools({
+        "journalctl": Tool("ok", 0, "-- No entries --\n", "No journal files were found.\n", 0.1),
+        "dmesg": Tool("ok", 0, XID_LINE, "", 0.0)})
+    log = xid.read_kernel_log(run_tool)
+    assert [c[0] for c in calls] == ["journalctl", "dmesg"] and log["source"] == "dmesg"
 
 
 def test_no_tool_at_all_is_said():
