@@ -167,16 +167,19 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             after_table: Optional[Callable[[List[Result], TextIO], None]] = None,
-            amend: Optional[Callable[[List[Result]], None]] = None) -> Outcome:
+            amend: Optional[Callable[[List[Result]], None]] = None,
+            targets: Optional[Sequence[Target]] = None) -> Outcome:
     """Run ``job`` on the selected targets and print; the outcome's code is the worst status's.
     InputError before anything connects; ``errors.Interrupted`` after Ctrl-C, TERM or HUP
     (what arrived is saved first). ``amend``: a look at every result together before anything
     is saved or shown (node-check adds the fleet's baseline/majority findings there); with
-    it, results are saved when all have arrived (or as they are, after an interrupt)."""
+    it, results are saved when all have arrived (or as they are, after an interrupt).
+    ``targets``: run on these instead of the ones the options select (node-check --undrain
+    narrows a Slurm target to the nodes of its maintenance window)."""
     out = out or sys.stdout
     timeout = parse_positive_number("--timeout", opts.timeout)
     parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
-    targets = select_targets(opts)
+    targets = list(targets) if targets is not None else select_targets(opts)
     if callable(job):
         for target in targets:   # every target's job is checked before anything runs
             job(target)

@@ -6,10 +6,11 @@ only the client can do with all the answers together (issue 12):
   (``baseline.deviations``) -- added as findings before anything is saved or shown;
 - ``--save-baseline FILE``: the nodes' facts saved for a later ``--baseline``;
 - ``--prom FILE``: a node-exporter textfile-collector file (``prom.write``);
-- Slurm: ``--drain`` drains the nodes whose worst action is drain or worse, ``--undrain``
-  resumes the nodes mldiag drained that now pass; without either, the commands it would run
-  are printed (``drain.plan`` / ``drain.run``). Nothing of this when no Slurm node was
-  selected.
+- Slurm: ``--drain`` drains the nodes whose worst action is drain or worse; without a flag,
+  the commands it would run are printed (``drain.plan`` / ``drain.run``). ``--undrain``: the
+  nodes mldiag drained are resumed inside a maintenance reservation, checked there, and kept
+  resumed only if they pass (``undrain.open_windows`` / ``close_windows``: the check runs on
+  those nodes only; the window is closed whatever happens during the check).
 
 Bad input (a baseline file that is not one, both --drain and --undrain, a bad --dcgm-level,
 a --prom name not ending in .prom) is refused before anything connects. A Slurm command that
@@ -19,10 +20,11 @@ for did not happen.
 
 import io
 import sys
-from typing import List, Optional, TextIO
+from typing import List, Optional, Sequence, Set, TextIO
 
 from . import baseline as baseline_mod, cli, drain as drain_mod, jobs, node_view, prom as prom_mod
-from . import results as results_mod
+from . import results as results_mod, undrain as undrain_mod
+from .hops.ssh import SshPool
 from .errors import EXIT_ERROR, InputError
 from .outcome import Outcome
 from .render import safe_text
@@ -61,26 +63,59 @@ def execute(opts: cli.Options, values: dict, *, save_baseline: Optional[str] = N
     def amend(results: List[Result]) -> None:
         amend_with(baseline_mod.deviations(results, saved))(results)
 
-    outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
+    if not undrain:
+        outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
+        return finish(opts, outcome, save_baseline, prom, drain=drain, out=out)
+    # --undrain: the nodes mldiag drained are checked inside a maintenance reservation
+    # (undrain.py); whatever happens during the check, the window is closed after it
+    targets = cli.select_targets(opts)
+    run_timeout = cli.parse_positive_number("--timeout", opts.timeout)
+    pool = SshPool()
+    try:
+        run_on, windows, opened = undrain_mod.open_windows(
+            targets, lambda t: run_timeout or job(t).timeout or t.timeout, pool=pool)
+        try:
+            outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions,
+                                  amend=amend, targets=run_on)
+        except BaseException:
+            undrain_mod.close_windows(windows, None, pool=pool)
+            raise
+        closed = undrain_mod.close_windows(windows, outcome.results, pool=pool)
+    finally:
+        pool.close()
+    in_window = {o.target for o in closed}
+    return finish(opts, outcome, save_baseline, prom, undrain=True, out=out,
+                  opened=opened, closed=closed, in_window=in_window)
+
+
+def finish(opts: cli.Options, outcome: Outcome, save_baseline: Optional[str],
+           prom: Optional[str], *, out: TextIO, drain: bool = False, undrain: bool = False,
+           opened: Sequence[str] = (), closed: Sequence[drain_mod.DrainOutcome] = (),
+           in_window: Set[str] = frozenset()) -> Outcome:
     if save_baseline:
         baseline_mod.save(save_baseline, outcome.results)
     if prom:
         prom_mod.write(prom, outcome.results)
-    return slurm(opts, outcome, drain=drain, undrain=undrain, out=out)
+    return slurm(opts, outcome, drain=drain, undrain=undrain, out=out, opened=opened,
+                 closed=closed, in_window=in_window)
 
 
-def slurm(opts: cli.Options, outcome: Outcome, *, drain: bool, undrain: bool,
-          out: TextIO) -> Outcome:
-    """Drain/resume (or, without a flag, show what would be run) for the Slurm node rows."""
+def slurm(opts: cli.Options, outcome: Outcome, *, drain: bool, undrain: bool, out: TextIO,
+          opened: Sequence[str] = (), closed: Sequence[drain_mod.DrainOutcome] = (),
+          in_window: Set[str] = frozenset()) -> Outcome:
+    """Drain/resume (or, without a flag, show what would be run) for the Slurm node rows; the
+    rows of an --undrain window were decided when it closed (``closed``)."""
     targets = cli.select_targets(opts, note=io.StringIO())   # said once already, by the run
-    steps = drain_mod.plan(outcome.results, targets)
-    if not any(step.want != "skip" for step in steps):
+    rest = [r for r in outcome.results if r.target not in in_window]
+    steps = drain_mod.plan(rest, targets)
+    if not closed and not any(step.want != "skip" for step in steps):
         if drain or undrain:
             return Outcome(outcome.results, max(outcome.exit_code, EXIT_ERROR),
-                           outcome.messages + ("--drain/--undrain: no Slurm node was checked",))
+                           outcome.messages + tuple(safe_text(line) for line in opened)
+                           + ("--drain/--undrain: no Slurm node was checked",))
         return outcome
-    outcomes = drain_mod.run(steps, drain=drain, undrain=undrain)
-    shown = [safe_text(line) for line in drain_mod.lines(outcomes)]
+    outcomes = list(closed) + drain_mod.run(steps, drain=drain, undrain=undrain)
+    shown = [safe_text(line) for line in [*opened, *drain_mod.lines(outcomes)]]
     messages = outcome.messages
     if opts.json:   # stdout is the JSON document: the Slurm lines go to stderr
         messages += tuple(shown)

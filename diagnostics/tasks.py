@@ -302,7 +302,8 @@ def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=F
                 "majority of the selected nodes)",
     "drain": "Slurm: drain the nodes whose worst action is drain or worse (reason 'mldiag: CODE "
              "…'); without it the commands are only printed",
-    "undrain": "Slurm: resume the nodes mldiag drained that now pass",
+    "undrain": "Slurm: check the nodes mldiag drained inside a maintenance reservation and keep "
+               "resumed those that pass",
     "prom": "write a Prometheus textfile-collector file (node-exporter) to FILE"}))
 def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=False,
                save_baseline=None, baseline=None, drain=False, undrain=False, prom=None,

@@ -92,6 +92,7 @@ class Slurm:
     time: Optional[str] = None
     account: Optional[str] = None
     nodelist: Optional[str] = None
+    reservation: Optional[str] = None      # salloc --reservation (a maintenance window)
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,7 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
     "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
+    "reservation": expect_argument,
     "defaults": _keep, "hosts": _keep, "groups": _keep, "targets": _keep,
     "containers": _keep, "slurm": _keep, "runbooks": _keep,
 }
@@ -488,7 +490,7 @@ HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
     "models", "gpus", "expect", "containers", "slurm")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
     "models", "gpus", "expect")
-SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist")
+SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist", "reservation")
 KUBECTL_ONLY_KEYS = ("namespace", "container")
 INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect")
 

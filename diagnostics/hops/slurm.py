@@ -67,6 +67,8 @@ def salloc_argv(slurm: Slurm, queue_timeout: float, name: str = "mldiag") -> Lis
         argv += ["-p", slurm.partition]
     if slurm.account:
         argv += ["-A", slurm.account]
+    if slurm.reservation:
+        argv += ["--reservation", slurm.reservation]
     if slurm.time:
         argv += ["-t", slurm.time]
     if slurm.gpus_per_node:

@@ -238,15 +238,61 @@ def test_the_task_prints_the_drain_it_would_run_then_drains_with_the_tagged_reas
         assert slurm_state(cluster, node) == ("IDLE", None)
 
 
-def test_undrain_through_the_task_cannot_check_a_drained_node_and_leaves_it_drained(lab, topo, cluster):
-    """Slurm allocates no job on a DRAIN node, so node-check cannot run there through the
-    cluster target: the row is unreachable, and an unchecked node is never resumed."""
-    reason = "mldiag: xid-48 (node-check 2026-12-01T10:00Z)"
-    cluster.cmd("scontrol", "update", "nodename=n2", "state=drain", f"reason={reason}", check=True)
+def reservations(cluster):
+    return cluster.cmd("scontrol", "show", "reservation", "-o", check=True).stdout.strip()
+
+
+def test_undrain_checks_our_drained_node_inside_a_maintenance_window(lab, topo, cluster):
+    """Slurm starts no job on a DRAIN node: --undrain resumes the nodes mldiag drained inside a
+    maintenance reservation of their own, checks them there, and keeps resumed only what
+    passed; someone else's drain is not touched, and no reservation is left behind."""
+    ours = "mldiag: xid-48 (node-check 2026-12-01T10:00Z)"
+    cluster.cmd("scontrol", "update", "nodename=n2", "state=drain", f"reason={ours}", check=True)
+    cluster.cmd("scontrol", "update", "nodename=n3", "state=drain", "reason=bad fan, ticket 42",
+                check=True)
     clean = saved_log(lab, "gpud-dmesg.decode.iso.log.1")
-    r = node_check(topo, "--undrain", "--timeout", "8", log=clean)
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert r.stdout.splitlines()[1].split()[:3] == ["cluster-a:n2", "error", "unreachable:"], r.stdout
-    assert (f"  cluster-a:n2: stays drained: not checked (unreachable) (State=IDLE+DRAIN, "
-            f"Reason={reason})\n") in r.stdout, r.stdout
-    assert slurm_state(cluster, "n2") == ("IDLE+DRAIN", reason)
+    r = mldiag("node-check", "--hosts-file", topo.path, "-H", "cluster-a", "--no-dcgm",
+               "--no-color", "--kernel-log-file", str(clean), "--undrain")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    rows = [line.split()[0] for line in r.stdout.split("\n\n", 1)[0].splitlines()[1:]
+            if line and not line.startswith(" ")]
+    assert rows == ["cluster-a:n2"], r.stdout                  # only the window's node is checked
+    slurm = r.stdout.split("\nSlurm:\n", 1)[1].splitlines()
+    name = re.match(r"  cluster-a: maintenance reservation (mldiag-undrain-[0-9a-f]{8}) for n2 "
+                    r"\(user mlsh\): sudo -n -- scontrol create reservation reservationname=\1 "
+                    r"starttime=now duration=\d+ nodes=n2 users=mlsh flags=maint,ignore_jobs$",
+                    slurm[0])
+    assert name, slurm
+    assert slurm[1:] == [
+        f"  cluster-a:n2: resumed inside {name.group(1)} for the check: sudo -n -- scontrol "
+        "update nodename=n2 state=resume",
+        f"  cluster-a:n2: resumed: passed the check in {name.group(1)} (now State=IDLE): sudo -n "
+        "-- scontrol update nodename=n2 state=resume"], slurm
+    assert settled_state(cluster, "n2") == ("IDLE", None)
+    assert slurm_state(cluster, "n3") == ("IDLE+DRAIN", "bad fan, ticket 42")
+    assert reservations(cluster) == "No reservations in the system"
+
+    # still failing: drained again, now with the new finding's reason
+    cluster.cmd("scontrol", "update", "nodename=n2", "state=drain", f"reason={ours}", check=True)
+    xid48 = saved_log(lab, "gpud-dmesg-time-format-iso.log")
+    r = mldiag("node-check", "--hosts-file", topo.path, "-H", "cluster-a", "--no-dcgm",
+               "--json", "--kernel-log-file", str(xid48), "--undrain")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert [d["target"] for d in json.loads(r.stdout)] == ["cluster-a:n2"]
+    state, why = slurm_state(cluster, "n2")
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check \S+Z\)", why), why
+    assert re.search(r"mldiag: cluster-a:n2: drained again \(now State=IDLE\+DRAIN\): sudo -n -- "
+                     r'scontrol update nodename=n2 state=drain reason="mldiag: xid-48 ', r.stderr), r.stderr
+    assert reservations(cluster) == "No reservations in the system"
+
+
+def test_undrain_with_nothing_of_ours_drained_checks_the_target_as_usual(lab, topo, cluster):
+    clean = saved_log(lab, "gpud-dmesg.decode.iso.log.1")
+    r = mldiag("node-check", "--hosts-file", topo.path, "-H", "cluster-a:n[1-2]", "--no-dcgm",
+               "--no-color", "--kernel-log-file", str(clean), "--undrain")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert r.stdout.splitlines()[1].split()[0] == "cluster-a:n[1-2]", r.stdout
+    assert r.stdout.endswith("\nSlurm:\n  cluster-a: --undrain: no node drained by mldiag\n"
+                             "  nothing to drain or resume\n"), r.stdout
+    for node in ("n1", "n2"):
+        assert slurm_state(cluster, node) == ("IDLE", None)

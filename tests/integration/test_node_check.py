@@ -395,3 +395,46 @@ def test_two_nodes_folded_grouped_by_action(hosts):
     docs = docs_of(j)
     assert set(docs) == {"h200-ok", "h200-bad"}
     assert {t: d["data"]["worst_action"] for t, d in docs.items()} == {"h200-ok": "monitor", "h200-bad": "drain"}
+
+
+def test_the_fleet_outlier_a_saved_baseline_and_the_prometheus_file(hosts, tmp_path):
+    """Three nodes (two alike): the odd one's facts are majority deviations; --save-baseline
+    keeps every node's facts, --prom writes what the official parser reads; a later
+    --baseline names the one fact that changed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, prom = tmp_path / "baseline.json", tmp_path / "node.prom"
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-ok,h200-xid,h200-bad", "--no-dcgm",
+               "--json", "--save-baseline", base, "--prom", prom)
+    assert r.returncode == 2, r.stdout + r.stderr
+    docs = docs_of(r)
+    odd = {f["message"] for f in docs["h200-bad"]["findings"] if f["code"] == "majority-deviation"}
+    # 16 fabric facts (8 GPUs "In Progress"), NVLinks, IB ports, PCIe: 20 findings, then one more
+    assert {"fabric.gpu5.state: In Progress, 2 of 3 nodes: Completed",
+            "nvlink.gpu5.active: 16, 2 of 3 nodes: 18"} <= odd, odd
+    assert len(odd) == 21 and any(m.startswith("… ") and "facts differ from the majority" in m
+                                  for m in odd), odd
+    for alike in ("h200-ok", "h200-xid"):
+        assert "majority-deviation" not in {f["code"] for f in docs[alike]["findings"]}
+
+    saved = json.loads(base.read_text())
+    assert sorted(saved["nodes"]) == ["h200-bad", "h200-ok", "h200-xid"]
+    assert saved["nodes"]["h200-bad"]["pcie.gpu5.width"] == 8
+    assert saved["nodes"]["h200-ok"]["pcie.gpu5.width"] == 16
+
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    status = {s.labels["target"]: s.value for s in families["mldiag_node_check_status"].samples}
+    assert status == {"h200-ok": 1, "h200-xid": 2, "h200-bad": 2}
+    worst = {s.labels["target"]: s.value for s in families["mldiag_node_check_worst_action"].samples}
+    assert worst == {"h200-ok": ACTIONS.index("monitor"), "h200-xid": ACTIONS.index("drain"),
+                     "h200-bad": ACTIONS.index("drain")}
+
+    saved["nodes"]["h200-ok"]["kernel"] = "5.15.0-1"
+    base.write_text(json.dumps(saved))
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-ok", "--no-dcgm", "--json",
+               "--baseline", base)
+    assert r.returncode == 1, r.stdout + r.stderr
+    changed = [f for f in docs_of(r)["h200-ok"]["findings"] if f["code"] == "baseline-deviation"]
+    assert [(f["level"], f["action"]) for f in changed] == [("warn", "monitor")], changed
+    assert changed[0]["message"].startswith("kernel ") and \
+        changed[0]["message"].endswith(", baseline 5.15.0-1"), changed

@@ -715,9 +715,18 @@ def test_wrong_types_name_the_line_and_key(field, value, expected):
     pytest.param("hosts:\n  a: {slurm: {account: -x}}\n",
                  "hosts.yaml:2: hosts.a.slurm.account: '-x' must not start with '-'",
                  id="slurm-account"),
+    pytest.param("hosts:\n  a: {slurm: {reservation: 'maint; rm'}}\n",
+                 "hosts.yaml:2: hosts.a.slurm.reservation: ",
+                 id="slurm-reservation"),
 ])
 def test_nested_value_errors(text, prefix):
     assert str(error_of(text)).startswith(prefix)
+
+
+def test_a_slurm_reservation_is_kept_for_salloc():
+    topo = loads("hosts:\n  c: {slurm: {nodes: 2, reservation: maint_0412}}\n")
+    assert topo.targets["c"].slurm.reservation == "maint_0412"
+    assert loads("hosts:\n  c: {slurm: {nodes: 2}}\n").targets["c"].slurm.reservation is None
 
 
 def test_slurm_time_in_minutes_and_formats():
@@ -1066,7 +1075,7 @@ FIELD_VALUES = {
     "namespace": st.just("ml"), "container": st.just("main"), "exec_user": st.just("ml"),
     "partition": st.just("gpu"), "nodes": st.integers(1, 4), "gpus_per_node": st.integers(0, 8),
     "time": st.sampled_from(["00:10:00", 10]), "account": st.just("ml"),
-    "nodelist": st.just("n[1-4]"), "tmpdir": st.sampled_from(["/scratch/tmp", "tmp", "/a b"]),
+    "nodelist": st.just("n[1-4]"), "reservation": st.sampled_from(["maint", "a b"]), "tmpdir": st.sampled_from(["/scratch/tmp", "tmp", "/a b"]),
     "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
                               st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
 }
