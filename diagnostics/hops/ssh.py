@@ -15,7 +15,6 @@
 
 import logging
 import os
-import select
 import shlex
 import socket
 import threading
@@ -569,6 +568,15 @@ def _exchange(chan: paramiko.Channel, payload: bytes, deadline: float,
 def _collect(chan: paramiko.Channel, deadline: float, streams: _Streams) -> ProcessOutput:
     """Read stdout/stderr until the command ends, the link dies, or the deadline passes.
     stdin stays open throughout: its EOF would tell the runtime to stop the diagnostic."""
+    # NOTE: a threading.Event that paramiko sets when data or EOF arrives -- not select() on
+    # the channel. Channel.fileno() makes an OS pipe, and paramiko's transport thread can write
+    # its wake-up byte after Channel.close() has released the pipe's descriptors (PosixPipe's
+    # close/set race, paramiko#692): with descriptors reused at once (150 targets under
+    # `ulimit -n 100`), that byte landed in another connection's SSH stream, which then failed
+    # with "Invalid packet blocking".
+    ready = threading.Event()
+    chan.in_buffer.set_event(ready)
+    chan.in_stderr_buffer.set_event(ready)
     while True:
         streams.drain(chan)
         if chan.exit_status_ready() and chan.eof_received and not (
@@ -584,4 +592,8 @@ def _collect(chan: paramiko.Channel, deadline: float, streams: _Streams) -> Proc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return streams.output(timed_out=True)
-        select.select([chan], [], [], min(remaining, 1.0))
+        # both buffers share the event and a read that empties one clears it: clear, look, wait
+        ready.clear()
+        if chan.recv_ready() or chan.recv_stderr_ready() or chan.eof_received:
+            continue
+        ready.wait(min(remaining, 1.0))

@@ -239,6 +239,28 @@ def test_ssh_put_over_sftp(hosts, lab):
             os.unlink(dest)
 
 
+def test_a_command_over_ssh_makes_no_os_pipe_per_channel(hosts, monkeypatch):
+    """Waiting on a channel must not go through Channel.fileno(): its OS pipe can be written
+    by paramiko's transport thread after close() released the descriptors (paramiko#692), and
+    with descriptors reused at once that byte corrupted another connection's SSH stream
+    ("Invalid packet blocking" under `ulimit -n 100`, test_hostile_targets)."""
+    import paramiko.channel
+    from diagnostics.hops import transport_for
+    made = []
+    real = paramiko.channel.pipe.make_pipe
+    monkeypatch.setattr(paramiko.channel.pipe, "make_pipe", lambda: made.append(1) or real())
+    pool = SshPool()
+    try:
+        transport = transport_for(hosts.targets["main"], pool)
+        # output in pieces with pauses, on both streams: the wait between them is exercised
+        out = transport.run(["sh"], b"for i in 1 2 3; do echo out$i; echo err$i >&2; "
+                            b"sleep 0.2; done; exit 3\n", time.monotonic() + 30)
+    finally:
+        pool.close()
+    assert (out.stdout, out.stderr, out.exit_code) == (b"out1\nout2\nout3\n", b"err1\nerr2\nerr3\n", 3)
+    assert made == []
+
+
 def test_ssh_config_proxycommand_is_honoured(lab, tmp_path):
     """A ProxyCommand from ssh_config (through `ssh -W` to the jump host) reaches inner."""
     cfg = tmp_path / "ssh_config"

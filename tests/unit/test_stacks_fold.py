@@ -1,0 +1,82 @@
+"""stacks_fold.py (issue 13 item 3) on real py-spy dumps of a hung 4-rank gloo job
+(tests/fixtures/stacks/README.md): ranks 0-2 in all_reduce, rank 3 in a function of its own."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnostics import stacks_fold
+from diagnostics.stacks_fold import RankStack
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+
+
+def dump(rank):
+    return json.loads((FIXTURES / f"pyspy-gloo4-rank{rank}.json").read_text())
+
+
+def job(target="trainbox", ranks=range(4)):
+    return [RankStack(target, 12520 + r, r, dump(r)) for r in ranks]
+
+
+def test_the_hung_job_folds_into_the_waiting_ranks_and_the_odd_one():
+    groups = stacks_fold.fold(job())
+    assert [(g.nodes, len(g.members)) for g in groups] == [("trainbox:[0-2]", 3), ("trainbox:3", 1)]
+    assert stacks_fold.lines(groups) == [
+        "3/4 ranks (trainbox:[0-2])  all_reduce (torch/distributed/distributed_c10d.py) "
+        "← sync (train.py:14) ← main (train.py:25)",
+        "1/4 ranks (trainbox:3)      wait_for_data (train.py:10) ← main (train.py:24)"
+        "   ← the odd one out"]
+    assert stacks_fold.judge(groups) == [{
+        "level": "fail", "code": "stacks-odd-one-out",
+        "message": "1/4 ranks (trainbox:3) not in the collective the other 3 wait in (all_reduce): "
+                   "wait_for_data (train.py:10) ← main (train.py:24)"}]
+
+
+def test_ranks_on_two_hosts_fold_across_hosts():
+    stacks = job("gpu01", range(2)) + [RankStack("gpu02", 7, 2, dump(2)), RankStack("gpu02", 8, 3, dump(3))]
+    groups = stacks_fold.fold(stacks)
+    assert [g.nodes for g in groups] == ["gpu01:[0-1],gpu02:2", "gpu02:3"]
+
+
+def test_all_alike_is_info_and_a_tie_is_a_split():
+    same = stacks_fold.fold(job(ranks=range(3)))
+    assert stacks_fold.judge(same) == [{
+        "level": "info", "code": "stacks-agree",
+        "message": "all 3 ranks alike: all_reduce (torch/distributed/distributed_c10d.py) "
+                   "← sync (train.py:14) ← main (train.py:25)"}]
+    tie = stacks_fold.fold(job(ranks=(2, 3)))
+    assert stacks_fold.judge(tie) == [{"level": "warn", "code": "stacks-split",
+                                       "message": "no majority among 2 ranks (1, 1 alike)"}]
+    assert not any("odd one out" in line for line in stacks_fold.lines(tie))
+
+
+def test_a_majority_outside_a_collective_makes_the_odd_one_a_warning():
+    odd = stacks_fold.fold([RankStack("t", 1, 0, dump(3)), RankStack("t", 2, 1, dump(3)),
+                            RankStack("t", 3, 2, dump(0))])
+    [finding] = stacks_fold.judge(odd)
+    assert finding["level"] == "warn" and finding["message"].startswith("1/3 ranks (t:2) elsewhere: all_reduce")
+
+
+@pytest.mark.parametrize("threads", [None, [], "garbage", [{"frames": "x"}], [1, 2],
+                                     [{"thread_name": "MainThread", "frames": [{"name": ["x"], "line": "7"}]}]])
+def test_a_malformed_dump_is_its_own_group_not_an_exception(threads):
+    groups = stacks_fold.fold(job(ranks=range(3)) + [RankStack("t", 99, None, threads)])
+    assert groups[-1].nodes == "t:pid99"
+    assert stacks_fold.one_line(groups[-1].frames) in ("no Python stack", "? (?:0)")
+    assert stacks_fold.judge(groups)[0]["level"] == "fail"
+
+
+def test_the_main_thread_is_chosen_by_name_and_deep_stacks_are_bounded():
+    worker = {"thread_name": "Thread-1", "frames": [{"name": "run", "filename": "/x/threading.py",
+                                                     "short_filename": "threading.py", "line": 1}]}
+    main = dump(3)[0]
+    assert stacks_fold.main_thread([worker, main])[0].name == "wait_for_data"
+    assert stacks_fold.main_thread([worker])[0].name == "run"
+    deep = [{"thread_name": "MainThread",
+             "frames": [{"name": f"f{i}", "filename": "/app/x.py", "short_filename": "x.py", "line": i}
+                        for i in range(10_000)]}]
+    frames = stacks_fold.main_thread(deep)
+    assert len(frames) == stacks_fold.MAX_FRAMES
+    assert stacks_fold.one_line(frames).endswith(f"← … {stacks_fold.MAX_FRAMES - 6} more")
