@@ -130,6 +130,13 @@ TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
                   choices=("1", "2", "3"), metavar="LEVEL"),
               Arg("no-dcgm", "do not run dcgmi diag even where it is installed", kind="bool")),
              target_argv=_expect_block, least_timeout=_node_check_timeout),
+    TaskSpec("stacks", "where every rank of a distributed job is: Python stacks folded, the odd "
+                       "one out named",
+             (Arg("pid", "comma list of pids to dump as well as the job's ranks", metavar="PIDS"),
+              Arg("match", "also dump Python processes whose command line matches this regular "
+                           "expression", metavar="REGEX"),
+              Arg("py-spy", "the py-spy binary on the target (default: py-spy on its PATH)",
+                  metavar="PATH"))),
     TaskSpec("scan-log", "classify a remote log: tracebacks, empty errors, NaN, OOM, NCCL, Xid",
              (Arg("path", "log file on the target", required=True, metavar="PATH"),
               Arg("lines", "scan the last N lines (default 2000)", kind="int"))),

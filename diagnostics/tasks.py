@@ -318,6 +318,16 @@ def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=Fal
         save_baseline=save_baseline, baseline=baseline, drain=drain, undrain=undrain, prom=prom)
 
 
+@task(klass=MldiagTask, help=_help(**jobs.help_for("stacks")))
+def stacks(c, pid=None, match=None, py_spy=None, host=None, group=None, hosts_file=None, json=False, save=None,
+           parallel=None, timeout=None, keep_remote=False, diff=False, no_color=False):
+    """Where every rank of a hung job is: each process's Python stack, folded, the odd one named."""
+    from . import stacks_run
+    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
+                    no_color)
+    return stacks_run.execute(opts, dict(pid=pid, match=match, py_spy=py_spy))
+
+
 @task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(
     path="local script to upload and run as __main__ (or give it as the first argument; "
          "- reads it from stdin)",
@@ -392,5 +402,5 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
 
 
 ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, node_check,
-                run_script, runbook)
+                stacks, run_script, runbook)
 ns.configure({"run": {"echo": False}})

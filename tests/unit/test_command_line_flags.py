@@ -261,6 +261,8 @@ Tasks:
   scan-log       Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid,
                  kills.
   node-check     A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM.
+  stacks         Where every rank of a hung job is: each process's Python stack, folded, the odd one
+                 named.
   run-script     Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the
                  targets.
   runbook        Run a runbook's steps on the targets and print one report (Markdown or JSON).

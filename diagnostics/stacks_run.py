@@ -1,0 +1,91 @@
+"""The stacks task's client side (issue 13): scripts/stacks.py on every target, then every
+process's main-thread stack folded across targets and ranks (stacks_fold), the odd rank named:
+
+    3/4 ranks (trainbox:[0-2])  all_reduce (torch/distributed/distributed_c10d.py) ← sync (train.py:14) ← main (train.py:25)
+    1/4 ranks (trainbox:3)      wait_for_data (train.py:10) ← main (train.py:24)   ← the odd one out
+
+The judgement is made on all results together (``amend``, before anything is saved or shown):
+the targets holding an odd rank get the ``stacks-odd-one-out`` finding (fail when the others
+wait in a collective), so the table, ``--json`` and ``--save`` all say it.
+"""
+
+import re
+import sys
+from typing import List, Optional, Sequence, TextIO
+
+from . import cli, jobs, results as results_mod
+from .errors import InputError
+from .outcome import Outcome
+from .render import emit, safe_text
+from .results import Finding, Result
+from .stacks_fold import RankStack, fold, judge, lines
+
+
+def rank_stacks(results: Sequence[Result]) -> List[RankStack]:
+    """One RankStack per process a target dumped (data.processes[].threads); anything else in
+    a target's data is skipped (it is that target's word, validated here)."""
+    out = []
+    for result in results:
+        data = result.data if isinstance(result.data, dict) else {}
+        processes = data.get("processes")
+        if result.status == "error" or not isinstance(processes, list):
+            continue
+        for proc in processes:
+            if not isinstance(proc, dict) or not isinstance(proc.get("threads"), list):
+                continue
+            pid, rank = proc.get("pid"), proc.get("rank")
+            out.append(RankStack(result.target, pid if isinstance(pid, int) else 0,
+                                 rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                                 proc["threads"]))
+    return out
+
+
+def amend(results: List[Result]) -> None:
+    """Add the fleet's judgement to the targets it is about: odd ranks' targets, or (a split)
+    every target with a stack."""
+    groups = fold(rank_stacks(results))
+    by_target = {r.target: r for r in results}
+    for finding, group_targets in _placed(groups, judge(groups)):
+        for target in group_targets:
+            result = by_target.get(target)
+            if result is None:
+                continue
+            result.findings.append(Finding(level=finding["level"], code=finding["code"],
+                                           message=finding["message"], action="none"))
+            level = finding["level"]
+            result.status = results_mod.worst_status([result.status, "ok" if level == "info" else level])
+
+
+def _placed(groups, findings):
+    """(finding, targets it goes to): an odd-one-out to its group's targets (judge lists the
+    odd groups in order), anything else to every target in the fold."""
+    odd = [g for g in groups[1:]] if findings and findings[0]["code"] == "stacks-odd-one-out" else []
+    everyone = list(dict.fromkeys(m.target for g in groups for m in g.members))
+    if odd:
+        return [(f, list(dict.fromkeys(m.target for m in g.members))) for f, g in zip(findings, odd)]
+    return [(f, everyone) for f in findings if f["level"] != "info"]
+
+
+def render_view(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
+    groups = fold(rank_stacks(results))
+    if groups:
+        emit(stream, "\n" + "".join(safe_text(line) + "\n" for line in lines(groups)))
+
+
+def check_values(values: dict) -> None:
+    """--pid and --match are checked here, before anything connects (exit 4 when wrong)."""
+    pids = values.get("pid")
+    if pids and not re.fullmatch(r"[0-9]+(,[0-9]+)*", str(pids).replace(" ", "")):
+        raise InputError(f"--pid: expected a comma list of process ids, got {pids!r}")
+    pattern = values.get("match")
+    if pattern:
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            raise InputError(f"--match: not a regular expression: {pattern!r} ({exc})") from None
+
+
+def execute(opts: cli.Options, values: dict, *, out: Optional[TextIO] = None) -> Outcome:
+    check_values(values)
+    return cli.execute(opts, jobs.job_source("stacks", values), out=out or sys.stdout,
+                       after_table=render_view, amend=amend)
