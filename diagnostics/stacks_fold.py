@@ -34,6 +34,7 @@ LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
 MAX_FRAMES = 256          # frames kept per stack (a deep recursion is cut, said so)
 MAX_TEXT = 200            # characters of a function or file name
 SHOWN_FRAMES = 6          # frames in the one-line form
+MAX_GROUPS = 20           # groups shown and judged one by one; the rest in one line / finding
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,8 @@ def judge(groups: Sequence[Group]) -> List[Dict[str, Any]]:
                  "message": f"no majority among {total} ranks ({sizes} alike)"}]
     waiting = major.in_collective
     findings = []
-    for group in groups:
-        if group is major:
-            continue
+    odd = [g for g in groups if g is not major]
+    for group in odd[:MAX_GROUPS]:
         where = one_line(group.frames)
         if waiting:
             message = (f"{len(group.members)}/{total} ranks ({group.nodes}) not in the collective "
@@ -163,6 +163,11 @@ def judge(groups: Sequence[Group]) -> List[Dict[str, Any]]:
             message = f"{len(group.members)}/{total} ranks ({group.nodes}) elsewhere: {where}"
         findings.append({"level": "fail" if waiting else "warn", "code": "stacks-odd-one-out",
                          "message": message})
+    rest = odd[MAX_GROUPS:]
+    if rest:
+        findings.append({"level": "fail" if waiting else "warn", "code": "stacks-odd-one-out",
+                         "message": f"… {len(rest)} more groups ({sum(len(g.members) for g in rest)} "
+                                    f"ranks) with stacks of their own"})
     return findings
 
 
@@ -173,7 +178,11 @@ def lines(groups: Sequence[Group]) -> List[str]:
     heads = [f"{len(g.members)}/{total} ranks ({g.nodes})" for g in groups]
     width = max((len(h) for h in heads), default=0)
     out = []
-    for head, group in zip(heads, groups):
+    for head, group in list(zip(heads, groups))[:MAX_GROUPS + 1]:
         mark = "   ← the odd one out" if major is not None and group is not major else ""
         out.append(f"{head.ljust(width)}  {one_line(group.frames)}{mark}")
+    rest = groups[MAX_GROUPS + 1:]
+    if rest:
+        out.append(f"… {len(rest)} more groups ({sum(len(g.members) for g in rest)} ranks): "
+                   "--json or --save has every stack")
     return out

@@ -18,7 +18,7 @@ from .errors import InputError
 from .outcome import Outcome
 from .render import emit, safe_text
 from .results import Finding, Result
-from .stacks_fold import RankStack, fold, judge, lines
+from .stacks_fold import MAX_GROUPS, RankStack, fold, judge, lines
 
 
 def rank_stacks(results: Sequence[Result]) -> List[RankStack]:
@@ -59,11 +59,16 @@ def amend(results: List[Result]) -> None:
 def _placed(groups, findings):
     """(finding, targets it goes to): an odd-one-out to its group's targets (judge lists the
     odd groups in order), anything else to every target in the fold."""
-    odd = [g for g in groups[1:]] if findings and findings[0]["code"] == "stacks-odd-one-out" else []
-    everyone = list(dict.fromkeys(m.target for g in groups for m in g.members))
-    if odd:
-        return [(f, list(dict.fromkeys(m.target for m in g.members))) for f, g in zip(findings, odd)]
-    return [(f, everyone) for f in findings if f["level"] != "info"]
+    def targets(of):
+        return list(dict.fromkeys(m.target for g in of for m in g.members))
+
+    if findings and findings[0]["code"] == "stacks-odd-one-out":
+        odd = list(groups[1:])
+        placed = [(f, targets([g])) for f, g in zip(findings[:MAX_GROUPS], odd[:MAX_GROUPS])]
+        if len(findings) > MAX_GROUPS:          # "… N more groups": to all of theirs
+            placed.append((findings[MAX_GROUPS], targets(odd[MAX_GROUPS:])))
+        return placed
+    return [(f, targets(groups)) for f in findings if f["level"] != "info"]
 
 
 def render_view(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:

@@ -134,3 +134,23 @@ def test_the_client_reads_only_well_formed_processes_and_judges_the_fleet():
     assert [r.status for r in results] == ["ok", "fail", "ok"]
     [odd] = results[1].findings
     assert odd.code == "stacks-odd-one-out" and odd.message.startswith("1/4 ranks (b:3) not in the collective")
+
+
+def test_the_more_groups_finding_goes_to_the_targets_it_counts():
+    dump0 = json.load(open(os.path.join(FIXTURES, "pyspy-gloo4-rank0.json")))
+
+    def own(i):
+        return [{"thread_name": "MainThread", "frames": [{"name": f"f{i}", "filename": "/app/x.py",
+                                                          "short_filename": "x.py", "line": i}]}]
+    results = [Result(diagnostic="stacks", target="major", status="ok", summary="",
+                      data={"processes": [{"pid": p, "rank": p, "threads": dump0} for p in range(30)]})]
+    results += [Result(diagnostic="stacks", target=f"odd{i:02d}", status="ok", summary="",
+                       data={"processes": [{"pid": 1, "rank": 100 + i, "threads": own(i)}]})
+                for i in range(25)]
+    stacks_run.amend(results)
+    assert results[0].status == "ok" and results[0].findings == []
+    firsts = [r.findings for r in results[1:21]]
+    assert all(len(f) == 1 and f[0].message.startswith("1/55 ranks (odd") for f in firsts), firsts
+    for r in results[21:]:
+        assert [f.message for f in r.findings] == ["… 5 more groups (5 ranks) with stacks of their own"]
+        assert r.status == "fail"

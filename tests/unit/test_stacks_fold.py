@@ -80,3 +80,18 @@ def test_the_main_thread_is_chosen_by_name_and_deep_stacks_are_bounded():
     frames = stacks_fold.main_thread(deep)
     assert len(frames) == stacks_fold.MAX_FRAMES
     assert stacks_fold.one_line(frames).endswith(f"← … {stacks_fold.MAX_FRAMES - 6} more")
+
+
+def test_a_flood_of_distinct_stacks_is_bounded_in_lines_and_findings():
+    """A hostile or broken fleet: 3 ranks alike in all_reduce, then 500 ranks each somewhere of
+    its own. The view and the findings stay bounded; every rank is still counted."""
+    flood = [RankStack("t", 1000 + i, 10 + i, [{"thread_name": "MainThread", "frames": [
+        {"name": f"f{i}", "filename": "/app/x.py", "short_filename": "x.py", "line": i}]}]) for i in range(500)]
+    groups = stacks_fold.fold(job(ranks=range(3)) + flood)
+    shown = stacks_fold.lines(groups)
+    assert len(shown) == stacks_fold.MAX_GROUPS + 2
+    assert shown[-1] == "… 480 more groups (480 ranks): --json or --save has every stack"
+    findings = stacks_fold.judge(groups)
+    assert len(findings) == stacks_fold.MAX_GROUPS + 1
+    assert findings[-1]["message"] == "… 480 more groups (480 ranks) with stacks of their own"
+    assert all(f["level"] == "fail" for f in findings)
