@@ -6,7 +6,7 @@ runtime reads.  The wire format itself (bootstrap, payload framing, result frame
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import wire
 from .wire import BOOT, OLD_PYTHON_MARK, STAGE_A, bootstrap_argv, parse_payload
@@ -36,6 +36,10 @@ class Job:
     extra_files: Dict[str, bytes] = field(default_factory=dict)
     keep_remote: bool = False
     timeout: Optional[float] = None      # overrides the target's timeout
+    # Looks at this job's result on a target and may return a second job to run there in its
+    # place (same connection, same Slurm allocation): stacks ships py-spy only to a target
+    # that said it has none. The second job's follow_up is not consulted.
+    follow_up: Optional[Callable[[Any], Optional["Job"]]] = field(default=None, compare=False)
 
 
 # Files a script imports or reads from its own directory, shipped beside it in the bundle
@@ -46,6 +50,7 @@ COMPANIONS: Dict[str, Sequence[str]] = {
     "scan-log": ("xid.py", "xid_catalog.json"),
     "node-check": ("xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py", "ib.py",
                    "dcgm.py"),
+    "stacks": ("pyframes.py", "flight_recorder.py"),
 }
 
 

@@ -52,6 +52,11 @@ class TaskSpec:
     target_argv: Callable[[Target], List[str]] = lambda target: []
     # the least timeout a run with these argument values needs (node-check --dcgm-level 3)
     least_timeout: Callable[[Mapping[str, Any]], Optional[float]] = lambda values: None
+    # the job once built, given the values (stacks: offer to ship py-spy)
+    finish: Callable[[bundle.Job, Mapping[str, Any]], bundle.Job] = lambda job, values: job
+    # a look at every target's result together, before any is saved or shown (stacks: the
+    # fold across targets names the odd rank); a task and a runbook step both apply it
+    amend: Optional[Callable[[List[Any]], None]] = None
 
     def arg(self, name: str) -> Optional[Arg]:
         return next((a for a in self.args if a.name == name), None)
@@ -82,6 +87,16 @@ def _expect_block(target: Target) -> List[str]:
     """node-check: the target's ``expect:`` block, one JSON token (keys and integers only)."""
     expect = target.expect_dict
     return [f"--expect={json.dumps(expect, sort_keys=True)}"] if expect else []
+
+
+def _offer_py_spy(job: bundle.Job, values: Mapping[str, Any]) -> bundle.Job:
+    from . import stacks_upload
+    return stacks_upload.offer(job, values)
+
+
+def _stacks_amend(results: List[Any]) -> None:
+    from . import stacks_run
+    stacks_run.amend(results)
 
 
 TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
@@ -135,8 +150,16 @@ TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
              (Arg("pid", "comma list of pids to dump as well as the job's ranks", metavar="PIDS"),
               Arg("match", "also dump Python processes whose command line matches this regular "
                            "expression", metavar="REGEX"),
-              Arg("py-spy", "the py-spy binary on the target (default: py-spy on its PATH)",
-                  metavar="PATH"))),
+              Arg("py-spy", "the py-spy binary on the target (default: py-spy on its PATH; "
+                            "none there: this machine's is shipped)", metavar="PATH"),
+              Arg("native", "py-spy --native: C/C++ frames too (about 1 s and 330 MB per torch "
+                            "process)", kind="bool"),
+              Arg("no-upload", "ship nothing: without py-spy on the target, read the stacks "
+                               "with the standard-library reader (CPython 3.11-3.13)", kind="bool"),
+              Arg("all-namespaces", "on a host, also the job's processes inside its containers "
+                                    "(default: left out, the containers are targets of their "
+                                    "own)", kind="bool")),
+             finish=_offer_py_spy, amend=_stacks_amend),
     TaskSpec("scan-log", "classify a remote log: tracebacks, empty errors, NaN, OOM, NCCL, Xid",
              (Arg("path", "log file on the target", required=True, metavar="PATH"),
               Arg("lines", "scan the last N lines (default 2000)", kind="int"))),
@@ -194,6 +217,7 @@ def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundl
                 argv.append(f"{arg.script_flag}={value}")
         least = spec.least_timeout(given)
         timeout = max(target.timeout, least) if least else base.timeout
-        return replace(base, argv=tuple(argv + spec.target_argv(target)), timeout=timeout)
+        return spec.finish(replace(base, argv=tuple(argv + spec.target_argv(target)),
+                                   timeout=timeout), given)
 
     return job

@@ -150,6 +150,31 @@ def _header(run, version: str) -> List[str]:
     ]
 
 
+def _odd_one_out(run) -> List[str]:
+    """A stacks step that named an odd rank: where it is, before anything else (hung-job)."""
+    lines: List[str] = []
+    placements = getattr(run, "placements", {})
+    for sr in run.steps:
+        if sr.step.task != "stacks":
+            continue
+        odd = [(r.target, f) for r in sr.results for f in r.findings if f.code == "stacks-odd-one-out"]
+        if not odd:
+            continue
+        lines += ["## The odd one out", ""]
+        for target, finding in odd:
+            owner = sr.owner(result_named(sr, target))
+            where = placements.get(owner)
+            lines.append(f"- **{_md(target)}**" + (f" ({_md(where)})" if where else "")
+                         + f" · {_md(finding.level)} · {_lines(finding.message)[0]}")
+        from .stacks_run import fold_view      # only a report with a stacks step needs it
+        lines += [""] + _fence("\n".join(fold_view(sr.results)))
+    return lines
+
+
+def result_named(sr, target: str) -> Result:
+    return next(r for r in sr.results if r.target == target)
+
+
 def _summary(run) -> List[str]:
     columns: Dict[Tuple[str, ...], List[str]] = {}
     for target in run.targets:
@@ -302,8 +327,8 @@ def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True,
     tail = _appendix(run) if appendix else [
         "## Raw results", "", f"Left out on a terminal: {where}"
         "`--format json` prints them, and a pipe or a redirect gets the whole report."]
-    sections = [_header(run, version), _summary(run), _findings(run), _skipped(run),
-                _steps(run), tail]
+    sections = [_header(run, version), _odd_one_out(run), _summary(run), _findings(run),
+                _skipped(run), _steps(run), tail]
     render.emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
 
 

@@ -85,6 +85,8 @@ class RunbookRun:
     interrupted: bool = False
     interrupted_code: int = EXIT_INTERRUPTED   # 130 for Ctrl-C, 143 / 129 for TERM / HUP
     interrupted_as: str = "interrupted"        # or "terminated (SIGTERM)": for the message
+    # where each target is, in words ("pve (main) → sudo → pct 200"), for the report
+    placements: Dict[str, str] = field(default_factory=dict)
 
     @property
     def results(self) -> List[Result]:
@@ -93,6 +95,23 @@ class RunbookRun:
     @property
     def exit_code(self) -> int:
         return self.interrupted_code if self.interrupted else exit_code(self.results)
+
+
+def placement(target: Target) -> str:
+    """Where a target is, from hosts.yaml alone (nothing resolved): ``pve (main) → sudo →
+    pct 200``, ``this machine``."""
+    if target.local:
+        parts = ["this machine"]
+    else:
+        host = target.host
+        parts = [host.name + (f" ({host.address})" if host.address and host.address != host.name else "")]
+    if target.slurm is not None:
+        parts.append("Slurm")
+    if target.become:
+        parts.append(target.become)
+    if target.container is not None:
+        parts.append(f"{target.container.runtime} {target.container.id}")
+    return " → ".join(parts)
 
 
 def _owner_of(name: str, targets: Sequence[Target]) -> str:
@@ -170,7 +189,8 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
     interrupted (``interrupted`` set)."""
     values = book.param_values(params)
     record = RunbookRun(runbook=book, targets=[t.name for t in targets], params=dict(params),
-                        started=datetime.now(timezone.utc))
+                        started=datetime.now(timezone.utc),
+                        placements={t.name: placement(t) for t in targets})
     t0 = time.monotonic()
     gone: Dict[str, Skip] = {}
     by_id: Dict[str, StepRun] = {}
@@ -190,6 +210,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             if not eligible:
                 continue
             arrived: List[Result] = []
+            amend = jobs.TASKS[step.task].amend     # judged on all results: shown after that
 
             def job_for(target: Target, step=step) -> Job:
                 job = _job_for(step, values, target)
@@ -200,17 +221,23 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             def got(result: Result, sr=sr, arrived=arrived) -> None:
                 sr.owners[result.target] = _owner_of(result.target, targets)
                 arrived.append(result)
-                if on_result:
+                if on_result and amend is None:
                     on_result(sr, result)
 
             try:
                 sr.results = run_many(eligible, job_for, parallel=parallel, pool=pool,
                                       on_result=got)
+                if amend is not None:
+                    amend(sr.results)
+                    for result in sr.results if on_result else ():
+                        on_result(sr, result)
             except KeyboardInterrupt as interrupt:   # Ctrl-C, TERM or HUP
                 record.interrupted = True
                 record.interrupted_code = termination.exit_code_of(interrupt)
                 record.interrupted_as = termination.describe(interrupt)
                 sr.results = list(arrived)
+                for result in sr.results if on_result and amend is not None else ():
+                    on_result(sr, result)
                 answered = {sr.owner(r) for r in arrived}
                 sr.skipped += [Skip(t.name, "interrupted", "the run was interrupted")
                                for t in eligible if t.name not in answered]

@@ -191,7 +191,14 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
         def run_and_finish(i: int) -> Result:
             target, step = planned[i]
             try:
-                return run_one(target, job_for(target), pool, step=step, on_progress=on_progress)
+                job = job_for(target)
+                result = run_one(target, job, pool, step=step, on_progress=on_progress)
+                second = job.follow_up(result) if job.follow_up is not None else None
+                if second is not None:
+                    first = result
+                    result = run_one(target, second, pool, step=step, on_progress=on_progress)
+                    result.duration_s += first.duration_s
+                return result
             finally:
                 if endpoints[i] is not None:
                     pool.finished(endpoints[i])

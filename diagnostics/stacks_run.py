@@ -13,7 +13,7 @@ import re
 import sys
 from typing import List, Optional, Sequence, TextIO
 
-from . import cli, jobs, results as results_mod
+from . import cli, jobs, results as results_mod, stacks_fr
 from .errors import InputError
 from .outcome import Outcome
 from .render import emit, safe_text
@@ -42,18 +42,46 @@ def rank_stacks(results: Sequence[Result]) -> List[RankStack]:
 
 def amend(results: List[Result]) -> None:
     """Add the fleet's judgement to the targets it is about: odd ranks' targets, or (a split)
-    every target with a stack."""
+    every target with a stack; then the flight recorder's, to the targets of the ranks behind
+    (or every target that sent dumps)."""
     groups = fold(rank_stacks(results))
     by_target = {r.target: r for r in results}
-    for finding, group_targets in _placed(groups, judge(groups)):
+    placed = _placed(groups, judge(groups)) + _flight_recorder(results)[0]
+    for finding, group_targets in placed:
         for target in group_targets:
             result = by_target.get(target)
             if result is None:
                 continue
             result.findings.append(Finding(level=finding["level"], code=finding["code"],
-                                           message=finding["message"], action="none"))
+                                           message=finding["message"], hint=finding.get("hint"),
+                                           action="none"))
             level = finding["level"]
             result.status = results_mod.worst_status([result.status, "ok" if level == "info" else level])
+
+
+def _flight_recorder(results: Sequence[Result]):
+    """([(finding, targets)], lines) from the flight-recorder dumps the targets sent
+    (data.flight_recorder, scripts/flight_recorder.py), judged together (stacks_fr)."""
+    per_target = [(r.target, r.data["flight_recorder"]) for r in results
+                  if r.status != "error" and isinstance(r.data, dict)
+                  and isinstance(r.data.get("flight_recorder"), dict)]
+    if not per_target:
+        return [], []
+    sizes = [p.get("world_size") for r in results if isinstance(r.data, dict)
+             and isinstance(r.data.get("processes"), list) for p in r.data["processes"] if isinstance(p, dict)]
+    sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool)]
+    world = max(set(sizes), key=sizes.count) if sizes else None
+    findings, view = stacks_fr.analyse(per_target, world_size=world)
+    senders = list(dict.fromkeys(t for t, _ in per_target))
+    try:
+        dumps = stacks_fr.merge(per_target)[0]
+        behind = list(dict.fromkeys(dumps[rank].target for d in stacks_fr.divergences(dumps, world).diverged
+                                    for rank in d.behind if rank in dumps))
+    except Exception:          # analyse said what it could; place its findings on every sender
+        behind = []
+    placed = [(f, behind if f["code"] == "fr-ranks-diverge" and behind else senders)
+              for f in findings if f.get("level") != "info"]
+    return placed, view
 
 
 def _placed(groups, findings):
@@ -71,10 +99,18 @@ def _placed(groups, findings):
     return [(f, targets(groups)) for f in findings if f["level"] != "info"]
 
 
+def fold_view(results: Sequence[Result]) -> List[str]:
+    """The folded view's lines, then the flight recorder's (after an empty line), each safe to
+    print (names came from the targets)."""
+    view = [safe_text(line) for line in lines(fold(rank_stacks(results)))]
+    recorder = [safe_text(line) for line in _flight_recorder(results)[1]]
+    return view + ([""] if view and recorder else []) + recorder
+
+
 def render_view(results: Sequence[Result], stream: TextIO, *, color: bool = False) -> None:
-    groups = fold(rank_stacks(results))
-    if groups:
-        emit(stream, "\n" + "".join(safe_text(line) + "\n" for line in lines(groups)))
+    view = fold_view(results)
+    if view:
+        emit(stream, "\n" + "".join(line + "\n" for line in view))
 
 
 def check_values(values: dict) -> None:

@@ -319,13 +319,15 @@ def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=Fal
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("stacks")))
-def stacks(c, pid=None, match=None, py_spy=None, host=None, group=None, hosts_file=None, json=False, save=None,
+def stacks(c, pid=None, match=None, py_spy=None, native=False, no_upload=False, all_namespaces=False,
+           host=None, group=None, hosts_file=None, json=False, save=None,
            parallel=None, timeout=None, keep_remote=False, diff=False, no_color=False):
     """Where every rank of a hung job is: each process's Python stack, folded, the odd one named."""
     from . import stacks_run
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
                     no_color)
-    return stacks_run.execute(opts, dict(pid=pid, match=match, py_spy=py_spy))
+    return stacks_run.execute(opts, dict(pid=pid, match=match, py_spy=py_spy, native=native,
+                                         no_upload=no_upload, all_namespaces=all_namespaces))
 
 
 @task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(

@@ -33,7 +33,8 @@ reports, one finding per kind, with its count and first/last line:
   cuda-oom     CUDA out of memory (``torch.OutOfMemoryError``, ``CUDA out of memory``)
   nccl         NCCL errors and collective timeouts (``NCCL error``,
                ``ncclInternalError``, ``Watchdog caught collective operation
-               timeout``, error-level ProcessGroupNCCL lines)
+               timeout``, error-level ProcessGroupNCCL lines), and gloo's
+               collective timeouts (``gloo/transport/... Timed out waiting``)
   xid-fatal    NVIDIA Xid events whose action in xid_catalog.json is a GPU reset or
                worse (xid.py's rules from NVIDIA's Xid catalog: 79, 48, 119, ...)
   xid          any other Xid (usually an application fault, e.g. 13, 31, 43): warn
@@ -94,7 +95,7 @@ KINDS = collections.OrderedDict([
                   "lower the batch size / sequence length or enable activation checkpointing; "
                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation; "
                   "vLLM: lower --gpu-memory-utilization or --max-model-len")),
-    ("nccl", ("fail", "NCCL error/timeout line", "NCCL error/timeout lines",
+    ("nccl", ("fail", "NCCL/gloo error/timeout line", "NCCL/gloo error/timeout lines",
               "a collective timeout usually means one rank died or hung earlier: find the first failing rank; "
               "rerun with NCCL_DEBUG=INFO (and TORCH_NCCL_TRACE_BUFFER_SIZE for the flight recorder)")),
     ("xid-fatal", ("fail", "fatal Xid line", "fatal Xid lines",
@@ -169,6 +170,9 @@ _NCCL_WORDS = ("Watchdog caught collective operation timeout", "watchdog got stu
 _NCCL_ENUM = re.compile(
     r"\bnccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument|InvalidUsage|RemoteError)\b")
 _NCCL_C10_ERROR = re.compile(r"\[E\d*\s[^\]]{0,120}ProcessGroupNCCL")   # error-level c10 log line
+# gloo's collective timeout (the CPU backend): "[.../gloo/transport/tcp/unbound_buffer.cc:78]
+# Timed out waiting 8000ms for recv operation to complete"
+_GLOO_TIMEOUT = re.compile(r"gloo/transport/\S*\]\s*Timed out waiting \d+ms for (?:recv|send) operation")
 _XID = re.compile(r"NVRM: Xid \(([^)]*)\):\s*(\d+)")
 _KILLED = re.compile(
     r"(?i:\boom[-_ ]kill)|Killed process \d+|\b\d+\s+Killed\b|(?:^|[\s:\]])Killed\s*$"
@@ -482,6 +486,8 @@ def classify(lines, first_line_no: int = 1) -> "collections.OrderedDict[str, _Bu
 def _is_nccl(line: str, low: str) -> bool:
     if "nccl error" in low or any(w in line for w in _NCCL_WORDS):
         return True
+    if "gloo" in line and _GLOO_TIMEOUT.search(line):
+        return True
     if "nccl" in line and _NCCL_ENUM.search(line):
         return True
     return "ProcessGroupNCCL" in line and "[E" in line and bool(_NCCL_C10_ERROR.search(line))
@@ -525,7 +531,8 @@ def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
         hits.append(("nan-loss", {"match": _clip(" ".join(said.split()), MAX_MATCH)}))
     if ("memory" in low or "alloc" in low) and _CUDA_OOM.search(line):
         hits.append(("cuda-oom", None))
-    if ("nccl" in low or "watchdog" in low or "distbackend" in low) and _is_nccl(line, low):
+    if ("nccl" in low or "watchdog" in low or "distbackend" in low or "gloo" in low) \
+            and _is_nccl(line, low):
         hits.append(("nccl", None))
     m = _XID.search(line) if "NVRM" in line else None
     if m:

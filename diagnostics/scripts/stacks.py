@@ -2,27 +2,39 @@
 
 Runnable by hand (stdlib only): ``python3 stacks.py [--pid 123,456] [--match REGEX]``.
 
-Finding the job's processes, without being told: every process whose environment (at exec,
-``/proc/PID/environ``) has ``RANK`` and ``WORLD_SIZE`` -- torchrun / torch elastic workers,
-with ``LOCAL_RANK``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID`` -- or a Python process with
-``SLURM_PROCID`` (an srun task); plus ``--pid`` and ``--match`` (a regular expression on the
-command line) for anything else. ``NSpid`` in ``/proc/PID/status`` tells a container's process
-apart when scanning from its host (its pid inside is the last number).
+Finding the job's processes, without being told (``/proc/PID/environ`` is the environment at
+exec; ``/proc/PID/status`` gives the parent and ``NSpid``):
+- torchrun / torch elastic workers: ``RANK`` and ``WORLD_SIZE`` (with ``LOCAL_RANK``,
+  ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``);
+- ``mp.spawn`` workers (no RANK): Python processes started ``--multiprocessing-fork`` that
+  carry ``MASTER_ADDR``/``MASTER_PORT`` or have torch loaded; their rank is their place among
+  their siblings in start order, the world size the number of siblings;
+- Slurm ``srun`` tasks: a Python process with ``SLURM_PROCID``;
+- ``--pid`` and ``--match`` (a regular expression on the command line) for anything else.
+Left out: a rank's own children with the same rank (DataLoader workers), a launcher whose
+children are the ranks (torchrun under srun), and processes in a deeper pid namespace than
+ours -- a container's, seen from its host -- unless ``--all-namespaces`` (they are counted:
+the container is its own target).
 
-Dumping: ``py-spy dump --json --pid PID`` once per process, each with its own timeout (about
-15 ms per process; the process is paused only for the dump), py-spy taken from ``--py-spy``,
-from beside this script (the bundle), or from PATH. No py-spy: a warn finding with the way to
-get one; ptrace refused: a fail finding with the fix, not a crash.
+Reading the stacks, by what the target has: ``py-spy dump --json --pid PID`` once per process
+(about 15 ms each; ``--native`` adds the C frames at about 1 s and 330 MB per torch process),
+py-spy from ``--py-spy``, from beside this script (the client ships it when the target has
+none, ``--offer-py-spy``) or from PATH; else the standard-library reader of ``/proc/PID/mem``
+beside this script (``pyframes.py``: CPython 3.11-3.13, no upload, about 45 ms). Either way the
+process is paused at most for the read. Refused by the kernel (ptrace rules): a fail finding
+with the fix, not a crash. Flight-recorder dumps the job wrote (``flight_recorder.py``) are
+read as well.
 
 Result data: ``processes``: [{pid, ns_pid, rank, local_rank, world_size, group_rank, run_id,
-cmdline, found_by, threads | error, seconds}]; ``collector``: ``py-spy`` and its path.
-The client folds the main-thread stacks across targets and names the odd rank
-(diagnostics/stacks_fold.py).
+cmdline, found_by, collector, threads | error, seconds}]; ``collector``; ``py_spy``; ``left_out``
+(counts); ``machine``; ``flight_recorder``. The client folds the main-thread stacks across
+targets and names the odd rank (diagnostics/stacks_fold.py).
 """
 
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -30,12 +42,17 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-             "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOB_ID")
+             "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOB_ID",
+             "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "HOME", "XDG_CACHE_HOME")
 MAX_ENVIRON = 256 * 1024          # bytes of /proc/PID/environ read
 MAX_PROCESSES = 512               # processes dumped at most
 MAX_DUMP = 4 * 1024 * 1024        # bytes of one py-spy answer
 DUMP_TIMEOUT = 10.0               # seconds per py-spy call
+NATIVE_TIMEOUT = 30.0             # seconds per py-spy --native call (about 1 s for a torch rank)
+SPAWN_FLAG = "--multiprocessing-fork"
 DENIED = re.compile(r"permission denied|operation not permitted|ptrace", re.I)
 PTRACE_HINT = ("run as the job's user or as root (hosts.yaml: become: sudo); in a container, "
                "start it with --cap-add SYS_PTRACE; a host with kernel.yama.ptrace_scope >= 2 "
@@ -47,6 +64,14 @@ def build_parser():
     p.add_argument("--pid", default="", help="comma list of pids to dump as well")
     p.add_argument("--match", default="", help="also dump processes whose command line matches")
     p.add_argument("--py-spy", dest="py_spy", default="", help="the py-spy binary to use")
+    p.add_argument("--native", action="store_true", help="py-spy --native: C frames as well")
+    p.add_argument("--all-namespaces", dest="all_namespaces", action="store_true",
+                   help="also dump job processes in containers below this pid namespace")
+    p.add_argument("--no-upload", dest="no_upload", action="store_true",
+                   help="(recorded only: the client ships nothing)")
+    p.add_argument("--offer-py-spy", dest="offer_py_spy", default="",
+                   help="the client can ship py-spy for this machine type: when none is here, "
+                        "stop after finding the processes and ask for it")
     return p
 
 
@@ -74,13 +99,32 @@ def cmdline_of(proc, pid):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a][:64]
 
 
-def ns_pid_of(proc, pid):
+def status_of(proc, pid):
+    """(ppid, [NSpid numbers]) from /proc/PID/status; (None, []) when unreadable."""
     raw = _read(os.path.join(proc, str(pid), "status"), 16384) or b""
+    ppid, nspid = None, []
     for line in raw.decode("ascii", "replace").splitlines():
-        if line.startswith("NSpid:"):
-            numbers = line.split()[1:]
-            return int(numbers[-1]) if numbers and numbers[-1].isdigit() else None
-    return None
+        if line.startswith("PPid:"):
+            ppid = _int(line.split()[1]) if len(line.split()) > 1 else None
+        elif line.startswith("NSpid:"):
+            nspid = [int(n) for n in line.split()[1:] if n.isdigit()]
+    return ppid, nspid
+
+
+def ns_pid_of(proc, pid):
+    numbers = status_of(proc, pid)[1]
+    return numbers[-1] if numbers else None
+
+
+def start_time_of(proc, pid):
+    raw = _read(os.path.join(proc, str(pid), "stat"), 4096) or b""
+    fields = raw.rpartition(b")")[2].split()
+    return _int(fields[19]) if len(fields) > 19 else None
+
+
+def torch_loaded(proc, pid):
+    raw = _read(os.path.join(proc, str(pid), "maps"), 8 * 1024 * 1024) or b""
+    return b"/libtorch" in raw
 
 
 def _int(text):
@@ -90,51 +134,109 @@ def _int(text):
         return None
 
 
-def discover(proc, pids=(), match=""):
-    """[(pid, found_by, env, cmdline)] of the job's processes, by pid."""
+def _python(cmd):
+    return bool(cmd) and "python" in os.path.basename(cmd[0])
+
+
+def discover(proc, pids=(), match="", all_namespaces=False):
+    """([(pid, found_by, env, cmdline)] of the job's processes in rank order, {why: count} of
+    the ones left out). found_by: pid | torch | spawn | slurm | match; a spawn worker's env
+    gets RANK and WORLD_SIZE from its place among its siblings."""
     pattern = re.compile(match) if match else None
     wanted = set(pids)
     me = os.getpid()
-    found = []
+    depth = len(status_of(proc, "self")[1]) or 1
+    seen = {}                         # pid -> (how, env, cmd, ppid, nspid)
     for name in os.listdir(proc):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
         env = environ_of(proc, pid)
         cmd = cmdline_of(proc, pid)
-        python = bool(cmd) and "python" in os.path.basename(cmd[0])
+        python = _python(cmd)
         if pid in wanted:
             how = "pid"
         elif "RANK" in env and "WORLD_SIZE" in env:
             how = "torch"
+        elif python and SPAWN_FLAG in cmd and (
+                "MASTER_ADDR" in env or "MASTER_PORT" in env or torch_loaded(proc, pid)):
+            how = "spawn"
         elif "SLURM_PROCID" in env and python:
             how = "slurm"
         elif pattern is not None and cmd and pattern.search(" ".join(cmd)) and python:
             how = "match"
         else:
             continue
-        found.append((pid, how, env, cmd))
+        ppid, nspid = status_of(proc, pid)
+        seen[pid] = (how, env, cmd, ppid, nspid)
+    left_out = {}
+
+    def leave(pid, why):
+        left_out[why] = left_out.get(why, 0) + 1
+        del kept[pid]
+
+    kept = dict(seen)
+    for pid, (how, env, cmd, ppid, nspid) in seen.items():
+        if how == "pid":
+            continue
+        parent = seen.get(ppid)
+        if len(nspid) > depth and not all_namespaces:
+            leave(pid, "in a container below this one")
+        elif parent and parent[0] != "pid" and _rank_key(parent) == _rank_key((how, env)):
+            leave(pid, "a rank's own child (e.g. a DataLoader worker)")
+        elif how in ("slurm", "match") and any(
+                other[3] == pid and other[0] in ("torch", "spawn") for other in seen.values()):
+            leave(pid, "the launcher of the ranks")
+    _number_spawned(proc, kept)
+    found = [(pid, how, env, cmd) for pid, (how, env, cmd, _, _) in kept.items()]
     found.sort(key=lambda item: (_int(item[2].get("RANK", item[2].get("SLURM_PROCID"))) or 0, item[0]))
-    return found[:MAX_PROCESSES]
+    return found[:MAX_PROCESSES], left_out
+
+
+def _rank_key(entry):
+    how, env = entry[0], entry[1]
+    return (how, env.get("RANK"), env.get("SLURM_PROCID"), env.get("TORCHELASTIC_RUN_ID"))
+
+
+def _number_spawned(proc, kept):
+    """mp.spawn workers: rank = place among the siblings by start time (then pid)."""
+    families = {}
+    for pid, (how, _, _, ppid, _) in kept.items():
+        if how == "spawn":
+            families.setdefault(ppid, []).append(pid)
+    for siblings in families.values():
+        siblings.sort(key=lambda p: (start_time_of(proc, p) or 0, p))
+        for rank, pid in enumerate(siblings):
+            env = kept[pid][1]
+            env["RANK"], env["WORLD_SIZE"] = str(rank), str(len(siblings))
 
 
 def find_py_spy(given):
-    for path in (given, os.path.join(HERE, "py-spy"), shutil.which("py-spy")):
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+    bundled = os.path.join(HERE, "py-spy")
+    for path in (given, bundled, shutil.which("py-spy")):
+        if not path or not os.path.isfile(path):
+            continue
+        if path == bundled and not os.access(path, os.X_OK):
+            try:                      # shipped 0600 into our own private dir
+                os.chmod(path, 0o700)
+            except OSError:
+                continue
+        if os.access(path, os.X_OK):
             return path
     return None
 
 
-def dump(py_spy, pid):
-    """(threads, error, seconds): py-spy's JSON for one process, or why not."""
+def dump(py_spy, pid, native=False):
+    """(threads, error, seconds): py-spy's JSON for one process, or why not. error is None on
+    success; OSError (py-spy cannot run at all, e.g. a noexec temp dir) is raised."""
     start = time.monotonic()
+    timeout = NATIVE_TIMEOUT if native else DUMP_TIMEOUT
+    argv = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
     try:
-        proc = subprocess.run([py_spy, "dump", "--json", "--pid", str(pid)], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=DUMP_TIMEOUT)
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return None, "py-spy did not answer within %g s" % DUMP_TIMEOUT, time.monotonic() - start
-    except OSError as e:
-        return None, "py-spy could not run: %s" % (e.strerror or e), time.monotonic() - start
+        return None, "py-spy did not answer within %g s" % timeout, time.monotonic() - start
     seconds = time.monotonic() - start
     if proc.returncode != 0:
         text = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip().splitlines()
@@ -146,32 +248,113 @@ def dump(py_spy, pid):
     return threads if isinstance(threads, list) else None, None, seconds
 
 
+def read_stdlib(pid, proc):
+    """The standard-library reader (pyframes.py beside this script): (threads, error, seconds)."""
+    start = time.monotonic()
+    try:
+        import pyframes
+    except ImportError:
+        return None, "the standard-library reader (pyframes.py) is not beside this script", 0.0
+    try:
+        threads = pyframes.dump(pid, proc=proc)
+    except PermissionError as e:
+        return None, "Permission denied reading /proc/%d/mem (%s)" % (pid, e.strerror or e), \
+            time.monotonic() - start
+    except Exception as e:            # ReadError, or anything a broken process makes it meet
+        return None, ("%s" % e)[:300] or type(e).__name__, time.monotonic() - start
+    return threads, None, time.monotonic() - start
+
+
+def _entry(proc, pid, how, env, cmd):
+    return {"pid": pid, "ns_pid": ns_pid_of(proc, pid), "found_by": how,
+            "rank": _int(env.get("RANK", env.get("SLURM_PROCID"))),
+            "local_rank": _int(env.get("LOCAL_RANK")), "world_size": _int(env.get("WORLD_SIZE")),
+            "group_rank": _int(env.get("GROUP_RANK")), "run_id": env.get("TORCHELASTIC_RUN_ID"),
+            "cmdline": " ".join(cmd)[:300]}
+
+
+def read_all(found, proc, py_spy, native):
+    """Dump every process: py-spy when there is one (falling back to the standard-library
+    reader for all when it cannot run here), else the standard-library reader. Returns
+    (processes, py-spy's own failure or None)."""
+    processes, spy_failed = [], None
+    for pid, how, env, cmd in found:
+        entry = _entry(proc, pid, how, env, cmd)
+        if py_spy and spy_failed is None:
+            try:
+                entry["threads"], entry["error"], entry["seconds"] = dump(py_spy, pid, native)
+                entry["collector"] = "py-spy"
+            except OSError as e:
+                spy_failed = "py-spy could not run: %s" % (e.strerror or e)
+        if "collector" not in entry:
+            entry["threads"], entry["error"], entry["seconds"] = read_stdlib(pid, proc)
+            entry["collector"] = "stdlib"
+        processes.append(entry)
+    return processes, spy_failed
+
+
+def flight_recorder(proc, found):
+    """The flight-recorder dumps the job's processes name (their TORCH_FR_DUMP_TEMP_FILE, or
+    torch's default for their HOME), or, with no process found, the ones our own environment
+    names; None when there are none (or flight_recorder.py is not beside this script)."""
+    try:
+        import flight_recorder as fr
+    except ImportError:
+        return None
+    prefixes = []
+    for pid, _, env, _ in found:
+        try:
+            cwd = os.readlink(os.path.join(proc, str(pid), "cwd"))
+        except OSError:
+            cwd = None
+        for prefix in fr.prefixes_from_environ(env, cwd=cwd):
+            if prefix not in prefixes:
+                prefixes.append(prefix)
+    try:
+        collected = fr.collect(prefixes or None)
+    except Exception as e:            # never costs the stacks
+        return {"error": ("%s" % e)[:300]}
+    return collected if collected.get("dumps") or collected.get("more_files") else None
+
+
 def run(args, proc="/proc"):
     pids = [int(p) for p in args.pid.split(",") if p.strip().isdigit()]
-    found = discover(proc, pids, args.match)
+    found, left_out = discover(proc, pids, args.match, getattr(args, "all_namespaces", False))
     py_spy = find_py_spy(args.py_spy)
-    processes, findings = [], []
-    for pid, how, env, cmd in found:
-        entry = {"pid": pid, "ns_pid": ns_pid_of(proc, pid), "found_by": how,
-                 "rank": _int(env.get("RANK", env.get("SLURM_PROCID"))),
-                 "local_rank": _int(env.get("LOCAL_RANK")), "world_size": _int(env.get("WORLD_SIZE")),
-                 "group_rank": _int(env.get("GROUP_RANK")), "run_id": env.get("TORCHELASTIC_RUN_ID"),
-                 "cmdline": " ".join(cmd)[:300]}
-        if py_spy:
-            entry["threads"], entry["error"], entry["seconds"] = dump(py_spy, pid)
-        processes.append(entry)
+    native = getattr(args, "native", False)
+    machine = platform.machine()
+    offer = getattr(args, "offer_py_spy", "")
+    data = {"collector": None, "py_spy": py_spy, "left_out": left_out, "machine": machine}
+    if found and not py_spy and offer and offer == machine:
+        data["processes"] = [_entry(proc, *item) for item in found]
+        data["wants_py_spy"] = True
+        return {"status": "ok", "summary": "%d processes found; asking for py-spy" % len(found),
+                "findings": [], "data": data}
+    processes, spy_failed = read_all(found, proc, py_spy, native)
+    findings = []
+    collectors = sorted({p["collector"] for p in processes if p.get("threads")})
+    data.update(processes=processes, collector="+".join(collectors) or None, py_spy_error=spy_failed)
+    read = sum(1 for p in processes if p.get("threads"))
     denied = [p["pid"] for p in processes if p.get("error") and DENIED.search(p["error"])]
     failed = [p["pid"] for p in processes if p.get("error") and p["pid"] not in denied]
     if not found:
         findings.append({"level": "warn", "code": "no-job-process", "action": "none",
-                         "message": "no process of a distributed job found (no RANK/WORLD_SIZE or "
-                                    "SLURM_PROCID in any environment)",
-                         "hint": "name the processes with --pid or --match"})
-    elif not py_spy:
+                         "message": "no process of a distributed job found (no RANK/WORLD_SIZE, "
+                                    "mp.spawn worker or SLURM_PROCID in any environment)"
+                                    + _left_out_text(left_out),
+                         "hint": "name the processes with --pid or --match" + (
+                             "; add the containers as targets or use --all-namespaces"
+                             if left_out.get("in a container below this one") else "")})
+    elif not py_spy and not read and failed:
         findings.append({"level": "warn", "code": "py-spy-absent", "action": "none",
-                         "message": "py-spy not found on the target: %d processes found, no stack read"
-                                    % len(found),
-                         "hint": "pip install py-spy on the target (a static binary, no dependencies)"})
+                         "message": "py-spy not found on the target and the standard-library "
+                                    "reader could not read the %d processes: %s" % (
+                                        len(found), next(p["error"] for p in processes
+                                                         if p["pid"] in failed)),
+                         "hint": "pip install py-spy on the target (a static binary, no "
+                                 "dependencies), or let mldiag ship it (pip install "
+                                 "'fabric-mldiag[stacks]' here, without --no-upload)"})
+        failed = []
     if denied:
         findings.append({"level": "fail", "code": "ptrace-denied", "action": "none",
                          "message": "reading the stack was refused for pid %s"
@@ -181,15 +364,25 @@ def run(args, proc="/proc"):
                          "message": "no stack for pid %s: %s" % (
                              ",".join(str(p) for p in failed),
                              next(p["error"] for p in processes if p["pid"] in failed))})
+    if spy_failed:
+        findings.append({"level": "info", "code": "py-spy-unusable", "action": "none",
+                         "message": spy_failed + "; read with the standard-library reader"})
+    fr = flight_recorder(proc, found)
+    if fr is not None:
+        data["flight_recorder"] = fr
     levels = [f["level"] for f in findings]
     status = "fail" if "fail" in levels else "warn" if "warn" in levels else "ok"
     ranks = sorted(p["rank"] for p in processes if p["rank"] is not None)
-    summary = ("%d processes (ranks %s), %d stacks read" % (
-        len(processes), ",".join(map(str, ranks)) or "-", sum(1 for p in processes if p.get("threads")))
-        if processes else findings[0]["message"])
-    return {"status": status, "summary": summary, "findings": findings,
-            "data": {"processes": processes, "collector": "py-spy" if py_spy else None,
-                     "py_spy": py_spy}}
+    summary = ("%d processes (ranks %s), %d stacks read%s%s" % (
+        len(processes), ",".join(map(str, ranks)) or "-", read,
+        " (%s)" % data["collector"] if data["collector"] and data["collector"] != "py-spy" else "",
+        _left_out_text(left_out)) if processes else findings[0]["message"])
+    return {"status": status, "summary": summary, "findings": findings, "data": data}
+
+
+def _left_out_text(left_out):
+    n = left_out.get("in a container below this one", 0)
+    return "; %d in containers left out" % n if n else ""
 
 
 _EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}

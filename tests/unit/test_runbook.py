@@ -54,7 +54,7 @@ def test_a_good_runbook():
 
 def test_the_built_in_runbooks_load():
     found = runbook.files(runbook.search_dirs())
-    assert list(found) == ["extraction-fails", "node-health", "slow-training"]
+    assert list(found) == ["extraction-fails", "hung-job", "node-health", "slow-training"]
     books = {name: runbook.load(path) for name, (path, _label) in found.items()}
     assert [s.task for s in books["slow-training"].steps] == ["gpu-status", "env-report", "check-attn", "scan-log"]
     assert [s.task for s in books["extraction-fails"].steps] == ["env-report", "extract-smoke", "scan-log"]
@@ -179,7 +179,7 @@ def test_unknown_runbook_and_undeclared_param():
     with pytest.raises(InputError) as exc:
         runbook.find("slow-trainig", dirs)
     assert str(exc.value) == ("unknown runbook 'slow-trainig' (did you mean 'slow-training'?) (runbooks: "
-                              "extraction-fails, node-health, slow-training; `runbook --list` describes them)")
+                              "extraction-fails, hung-job, node-health, slow-training; `runbook --list` describes them)")
     book = runbook.find("slow-training", dirs)
     with pytest.raises(InputError) as exc:
         book.param_values({"lg": "/x"})
@@ -415,14 +415,14 @@ def test_list_shows_the_runbooks_and_a_broken_one_exits_4(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["NAME", "SOURCE", "DESCRIPTION"]
     assert [ln.split()[0] for ln in lines[1:] if not ln.startswith(" ")] == \
-        ["extraction-fails", "node-health", "slow-training"]
+        ["extraction-fails", "hung-job", "node-health", "slow-training"]
     assert "--param log=...  the training log on the target" in r.stdout
 
     (tmp_path / "broken.yaml").write_text("description: x\nsteps:\n  - task: gpu-stats\n")
     (tmp_path / "mine.yaml").write_text("description: my own\nsteps: [{task: ping}]\n")
     r = mldiag("runbook", "--list", "--runbooks-dir", tmp_path, "--json")
     assert r.returncode == 4
-    assert [b["name"] for b in json.loads(r.stdout)] == ["extraction-fails", "mine", "node-health",
+    assert [b["name"] for b in json.loads(r.stdout)] == ["extraction-fails", "hung-job", "mine", "node-health",
                                                          "slow-training"]
     assert f"{tmp_path / 'broken.yaml'}:3: steps[0].task: unknown task 'gpu-stats'" in r.stderr
     assert "Traceback" not in r.stderr

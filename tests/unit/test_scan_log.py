@@ -137,16 +137,33 @@ def test_nccl_fixture_tracebacks_per_rank_and_torchrun():
     assert tbs[2]["empty_message"] is False
     assert tbs[2]["message"] == "train.py FAILED"
     assert tbs[0]["message"].startswith("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356")
-    assert r["summary"] == ("3 Python tracebacks, 12 NCCL error/timeout lines in all 89 lines of %s"
+    assert r["summary"] == ("3 Python tracebacks, 12 NCCL/gloo error/timeout lines in all 89 lines of %s"
                             % (LOGS / "torch_nccl_timeout.log"))
     nccl = [f for f in r["findings"] if f["code"] == "nccl"][0]
     assert nccl["message"].startswith(
-        "12 NCCL error/timeout lines \u2014 first at line 28: [rank0]: torch.distributed.DistBackendError: "
+        "12 NCCL/gloo error/timeout lines \u2014 first at line 28: [rank0]: torch.distributed.DistBackendError: "
         "NCCL error in:")
     tb = [f for f in r["findings"] if f["code"] == "traceback"][0]
     assert "first at line 12 (exception at 28): torch.distributed.DistBackendError" in tb["message"]
     assert "last at line 58 (exception at 74): torch.distributed.elastic.multiprocessing.errors." \
            "ChildFailedError: train.py FAILED" in tb["message"]
+
+
+def test_gloo_collective_timeout_is_a_collective_failure():
+    """A real gloo hang (tests/fixtures/stacks/gloo_timeout.log: the hung 4-rank job with an 8 s
+    timeout): ranks 0-2 time out in all_reduce, torchrun then ends rank 3."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "stacks" / "gloo_timeout.log"
+    r = scan(path)
+    assert [e["line"] for e in r["data"]["matches"]["nccl"]] == [21, 34, 47]
+    nccl = [f for f in r["findings"] if f["code"] == "nccl"][0]
+    assert nccl["message"].startswith("3 NCCL/gloo error/timeout lines \u2014 first at line 21: [rank2]: "
+                                      "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+                                      "tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation")
+    tbs = r["data"]["matches"]["traceback"]
+    assert [(t["line"], t["exception"]) for t in tbs][:3] == [(9, "RuntimeError"), (22, "RuntimeError"),
+                                                             (35, "RuntimeError")]
+    # the words alone, outside gloo's own message, are not a collective timeout
+    assert not sl._is_nccl("Timed out waiting 8000ms for recv operation", "timed out waiting")
 
 
 def test_vllm_fixture_logged_tracebacks_with_prefixes_and_ticking_clock():

@@ -1,0 +1,96 @@
+"""Flight-recorder dumps (issue 13 item 4) from a real job run here: 4 torchrun ranks on gloo
+(CPU torch), ranks 0-2 enqueue a second all_reduce that rank 3 never joins, each rank writes
+its own dump (tests/fixtures/stacks/fr_gloo_job.py) into this test's directory; then
+scripts/flight_recorder.py, run by hand as a target runs it, and the client's analysis
+(diagnostics/stacks_fr.py) on what it printed."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnostics import stacks_fr
+from tests.programs import SCRIPTS
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "tests" / "fixtures" / "stacks" / "fr_gloo_job.py"
+JOB_TIMEOUT = 150            # four ranks importing torch at once on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """The job run to its end (it exits by itself once every rank has dumped): the prefix."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    work = tmp_path_factory.mktemp("fr-job")
+    prefix = str(work / "fr_trace_rank_")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TORCH_FR_DUMP_TEMP_FILE", None)
+    proc = subprocess.Popen([str(torchrun), "--nproc-per-node", "4", "--master-port", str(free_port()),
+                             str(JOB), prefix], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=str(work), env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {JOB_TIMEOUT} s:\n{out.decode(errors='replace')[-3000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # anything of the session left behind
+        except ProcessLookupError:
+            pass
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert text.count("dumped ") == 4, text[-3000:]
+    return prefix
+
+
+def test_fresh_dumps_name_rank_3(dumps):
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "flight_recorder.py"), dumps],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    collected = json.loads(proc.stdout)
+    assert [d["rank"] for d in collected["dumps"]] == [0, 1, 2, 3]
+    assert all("error" not in d and d["format"] == "pickle" for d in collected["dumps"])
+    assert [d["pg_status"]["0"]["last_enqueued_collective"] for d in collected["dumps"]] == [2, 2, 2, 1]
+    assert list(collected["dumps"][0]["pg_config"]) == [""]            # gloo's shape
+    assert {e["state"] for d in collected["dumps"] for e in d["entries"]} == {"scheduled"}
+    last = collected["dumps"][0]["entries"][-1]
+    assert last["profiling_name"] == "gloo:all_reduce" and last["collective_seq_id"] == 2
+    assert [f["name"] for f in last["frames"]][:2] == ["all_reduce", "sync"]
+
+    findings, lines = stacks_fr.analyse([("local", collected)])
+    assert [f["code"] for f in findings] == ["fr-ranks-diverge"]
+    assert findings[0]["level"] == "fail"
+    assert findings[0]["message"] == (
+        "flight recorder: pg 0 (default_pg) diverges at collective #2 (all_reduce): ranks 0-2 "
+        "enqueued all_reduce #2, rank 3 (on local) is at #1 (all_reduce)")
+    (d,) = stacks_fr.divergences(stacks_fr.merge([("local", collected)])[0]).diverged
+    assert d.seq == 2 and d.behind == {3: 1} and sorted(d.ahead) == [0, 1, 2]
+    assert lines[-1].endswith("← diverge at #2")
+
+
+def test_found_through_the_jobs_environment(dumps):
+    """What stacks would do from /proc/PID/environ: TORCH_FR_DUMP_TEMP_FILE names the prefix."""
+    from tests.programs import load_script
+    fr = load_script("flight_recorder.py", "mldiag_test_fr_integration")
+    env = {"TORCH_FR_DUMP_TEMP_FILE": os.path.basename(dumps), "HOME": "/nonexistent"}
+    prefixes = fr.prefixes_from_environ(env, cwd=os.path.dirname(dumps))
+    assert prefixes[0] == dumps
+    collected = fr.collect(prefixes)
+    assert [d["rank"] for d in collected["dumps"]] == [0, 1, 2, 3]
+    # rank 3's file gone (it never dumped): the '' pg_config still names it
+    findings, _ = stacks_fr.analyse([("local", {"dumps": collected["dumps"][:3]})])
+    assert [f["code"] for f in findings] == ["fr-missing-dumps", "fr-agree"]
+    assert "no dump from rank 3 (3 of 4 ranks dumped" in findings[0]["message"]
