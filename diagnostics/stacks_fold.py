@@ -43,6 +43,9 @@ class Frame:
     file: str                     # py-spy's short_filename (or the filename)
     line: int
     library: bool                 # under site-packages/dist-packages
+    # the line of code, as the target read it (not part of the frame's identity: a target that
+    # could not read a file must not split a group)
+    source: str = field(default="", compare=False)
 
     def shown(self) -> str:
         """``sync (train.py:14)``; a library frame without its line: ``all_reduce (torch/…py)``."""
@@ -76,9 +79,11 @@ def _frame(raw: Any) -> Optional[Frame]:
     filename = raw.get("filename") if isinstance(raw.get("filename"), str) else ""
     short = raw.get("short_filename") if isinstance(raw.get("short_filename"), str) else filename
     line = raw.get("line")
+    source = raw.get("source")
     return Frame(_text(raw.get("name")), _text(short or "?"),
                  line if isinstance(line, int) and not isinstance(line, bool) else 0,
-                 any(d in filename for d in LIBRARY_DIRS))
+                 any(d in filename for d in LIBRARY_DIRS),
+                 " ".join(source.split())[:MAX_TEXT] if isinstance(source, str) else "")
 
 
 def main_thread(threads: Any) -> Tuple[Frame, ...]:
@@ -94,15 +99,30 @@ def main_thread(threads: Any) -> Tuple[Frame, ...]:
     return tuple(f for f in (_frame(raw) for raw in frames[:MAX_FRAMES]) if f is not None)
 
 
-def one_line(frames: Sequence[Frame]) -> str:
+def shown_frames(frames: Sequence[Frame]) -> List[Frame]:
     """The innermost frame, then the program's own frames (library frames between them are
-    left out), outermost ``<module>`` dropped: ``all_reduce (torch/…) ← sync (train.py:14)``."""
+    left out), outermost ``<module>`` dropped."""
     if not frames:
+        return []
+    return [frames[0]] + [f for f in frames[1:] if not f.library and f.name != "<module>"]
+
+
+def one_line(frames: Sequence[Frame]) -> str:
+    """``all_reduce (torch/…) ← sync (train.py:14)``: the shown frames (``shown_frames``)."""
+    kept = shown_frames(frames)
+    if not kept:
         return "no Python stack"
-    kept = [frames[0]] + [f for f in frames[1:] if not f.library and f.name != "<module>"]
     more = len(kept) - SHOWN_FRAMES
     text = " ← ".join(f.shown() for f in kept[:SHOWN_FRAMES])
     return text + (f" ← … {more} more" if more > 0 else "")
+
+
+def source_lines(frames: Sequence[Frame]) -> List[str]:
+    """Under a group's line: each shown frame's ``file:line  code`` (those the target could
+    read)."""
+    kept = [f for f in shown_frames(frames)[:SHOWN_FRAMES] if f.source]
+    width = max((len(f"{f.file}:{f.line}") for f in kept), default=0)
+    return [f"    {f'{f.file}:{f.line}'.ljust(width)}  {f.source}" for f in kept]
 
 
 @dataclass
@@ -181,6 +201,7 @@ def lines(groups: Sequence[Group]) -> List[str]:
     for head, group in list(zip(heads, groups))[:MAX_GROUPS + 1]:
         mark = "   ← the odd one out" if major is not None and group is not major else ""
         out.append(f"{head.ljust(width)}  {one_line(group.frames)}{mark}")
+        out.extend(source_lines(group.frames))
     rest = groups[MAX_GROUPS + 1:]
     if rest:
         out.append(f"… {len(rest)} more groups ({sum(len(g.members) for g in rest)} ranks): "

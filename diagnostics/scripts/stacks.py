@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -265,6 +266,62 @@ def read_stdlib(pid, proc):
     return threads, None, time.monotonic() - start
 
 
+MAX_SOURCE_FRAMES = 32           # main-thread frames given their source line
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+
+def _source_lines(path, owner):
+    """The lines of a Python file the process's owner may read (its own, or readable by all):
+    a regular file whose last component is not a link, at most MAX_SOURCE_BYTES. Else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not (st.st_uid == owner or st.st_mode & stat.S_IROTH):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SOURCE_BYTES).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def add_source(proc, pid, threads):
+    """Give each main-thread frame its source line (``source``), read where the process sees
+    the file: through /proc/PID/root (a container's process seen from its host too), a
+    relative name from /proc/PID/cwd. Only ``*.py`` files the process's owner may read: a
+    planted file name never makes us print a file its owner could not read."""
+    if not isinstance(threads, list) or not threads:
+        return
+    named = [t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"]
+    main = named[0] if named else threads[0]
+    frames = main.get("frames") if isinstance(main, dict) else None
+    try:
+        owner = os.stat(os.path.join(proc, str(pid))).st_uid
+    except OSError:
+        return
+    if not isinstance(frames, list):
+        return
+    base = os.path.join(proc, str(pid))
+    cache = {}
+    for frame in frames[:MAX_SOURCE_FRAMES]:
+        if not isinstance(frame, dict):
+            continue
+        name, line = frame.get("filename"), frame.get("line")
+        if not (isinstance(name, str) and name.endswith(".py") and "\0" not in name
+                and isinstance(line, int) and line > 0):
+            continue
+        if name not in cache:
+            where = base + "/root" + name if name.startswith("/") else os.path.join(base, "cwd", name)
+            cache[name] = _source_lines(where, owner)
+        lines = cache[name]
+        if lines and line <= len(lines):
+            frame["source"] = lines[line - 1].strip()[:200]
+
+
 def _entry(proc, pid, how, env, cmd):
     return {"pid": pid, "ns_pid": ns_pid_of(proc, pid), "found_by": how,
             "rank": _int(env.get("RANK", env.get("SLURM_PROCID"))),
@@ -289,6 +346,7 @@ def read_all(found, proc, py_spy, native):
         if "collector" not in entry:
             entry["threads"], entry["error"], entry["seconds"] = read_stdlib(pid, proc)
             entry["collector"] = "stdlib"
+        add_source(proc, pid, entry["threads"])
         processes.append(entry)
     return processes, spy_failed
 

@@ -257,12 +257,32 @@ def test_the_odd_rank_is_named_across_the_host_and_its_container(two_node_job, h
                                      "#1 (all_reduce)")]
     assert "  pg 0 (default_pg): ranks 0-2 at #2 all_reduce; rank 3 at #1 all_reduce   ← diverge at #2" \
         in r.stdout.splitlines(), r.stdout
+    # each group's frames with their source lines, read where each rank sees its files
+    text = r.stdout.splitlines()
+    odd_at = next(i for i, line in enumerate(text) if line.startswith("1/4 ranks (ct:3)"))
+    assert [line.split(None, 1) for line in text[odd_at + 1:odd_at + 4]][1:] == [
+        ["hung_gloo_job.py:11", "signal.sigwait([signal.SIGUSR1]) # released by SIGUSR1, never by accident"],
+        ["hung_gloo_job.py:42", "wait_for_data()"]], text[odd_at:odd_at + 4]
+    major_at = next(i for i, line in enumerate(text) if line.startswith("3/4 ranks ("))
+    assert ["hung_gloo_job.py:15", "dist.all_reduce(t)"] in [line.split(None, 1) for line in text[major_at:odd_at]]
     assert not [n for n in lab_ct_tmp(two_node_job) if n.startswith("mldiag-")]
 
 
 def lab_ct_tmp(job):
     """The CT's /tmp, seen through one of its processes."""
     return os.listdir(f"/proc/{job['ct'][2]}/root/tmp")
+
+
+def test_native_frames_on_request(two_node_job, hosts, py_spy):
+    """py-spy --native: the C/C++ frames under the Python ones (about 1 s per torch rank)."""
+    plain = docs_of(mldiag("stacks", "--hosts-file", hosts, "-H", "here", "--py-spy", py_spy, "--json"))
+    native = docs_of(mldiag("stacks", "--hosts-file", hosts, "-H", "here", "--py-spy", py_spy, "--json",
+                            "--native"))
+    for p, n in zip(plain["here"]["data"]["processes"], native["here"]["data"]["processes"]):
+        py_frames = p["threads"][0]["frames"]
+        all_frames = n["threads"][0]["frames"]
+        assert n["error"] is None and len(all_frames) > len(py_frames), (len(all_frames), len(py_frames))
+        assert any("::" in f["name"] for f in all_frames), [f["name"] for f in all_frames][:20]
 
 
 def test_all_namespaces_on_the_host_sees_the_whole_job(two_node_job, hosts, py_spy):

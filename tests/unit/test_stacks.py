@@ -276,3 +276,30 @@ def test_the_flight_recorder_finding_goes_to_the_target_of_the_rank_behind():
     view = stacks_run.fold_view(results)
     assert view[0] == "flight recorder: 4 dumps, ranks 0-3 on a,b, format 2.10"
     assert "  pg 0 (default_pg): ranks 0-2 at #2 all_reduce; rank 3 at #1 all_reduce   ← diverge at #2" in view
+
+
+def test_source_lines_are_read_only_where_the_processes_owner_may(tmp_path):
+    """add_source reads through /proc/PID/root (here a directory standing for the process's
+    root): a .py file the owner may read gives its line; a link, a file of another user it may
+    not read, or a name that is not .py gives nothing."""
+    proc, root = tmp_path / "proc", tmp_path / "rootfs"
+    (proc / "77").mkdir(parents=True)
+    (proc / "77" / "root").symlink_to(root)
+    (root / "app").mkdir(parents=True)
+    (root / "app" / "train.py").write_text("import os\n\ndef main():\n    wait()   \n")
+    (root / "app" / "secret.py").write_text("TOKEN = 'hunter2'\n")
+    os.chown(root / "app" / "secret.py", 12345, 12345)
+    (root / "app" / "secret.py").chmod(0o600)
+    (root / "app" / "link.py").symlink_to(root / "app" / "train.py")
+    (root / "etc").mkdir()
+    (root / "etc" / "shadow").write_text("root:$6$x:1::::::\n")
+
+    def frame(name, line):
+        return {"name": "f", "filename": name, "short_filename": os.path.basename(name), "line": line}
+
+    threads = [{"thread_name": "MainThread", "frames": [
+        frame("/app/train.py", 4), frame("/app/secret.py", 1), frame("/app/link.py", 4),
+        frame("/etc/shadow", 1), frame("/app/train.py", 99), "junk"]}]
+    stacks.add_source(str(proc), 77, threads)
+    assert [f.get("source") for f in threads[0]["frames"][:5]] == ["wait()", None, None, None, None]
+    stacks.add_source(str(proc), 77, "garbage")         # a dump that is not a list: nothing

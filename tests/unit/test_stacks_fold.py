@@ -95,3 +95,38 @@ def test_a_flood_of_distinct_stacks_is_bounded_in_lines_and_findings():
     assert len(findings) == stacks_fold.MAX_GROUPS + 1
     assert findings[-1]["message"] == "… 480 more groups (480 ranks) with stacks of their own"
     assert all(f["level"] == "fail" for f in findings)
+
+
+def with_source(threads, sources):
+    """The dump with `source` added to the main thread's frames, as the target adds it."""
+    threads = json.loads(json.dumps(threads))
+    for frame in threads[0]["frames"]:
+        key = (frame["short_filename"], frame["line"])
+        if key in sources:
+            frame["source"] = sources[key]
+    return threads
+
+
+def test_each_group_shows_its_frames_source_lines_without_splitting_on_them():
+    sources = {("train.py", 14): "dist.all_reduce(t)", ("train.py", 25): "sync(t)",
+               ("train.py", 10): "time.sleep(10**6)", ("train.py", 24): "wait_for_data()",
+               ("torch/distributed/distributed_c10d.py", 3252): "work = group.allreduce([tensor], opts)"}
+    # rank 2's target could not read the files: same frames, no source; still one group
+    stacks = [RankStack("trainbox", 12520 + r, r, with_source(dump(r), sources if r != 2 else {}))
+              for r in range(4)]
+    groups = stacks_fold.fold(stacks)
+    assert [(g.nodes, len(g.members)) for g in groups] == [("trainbox:[0-2]", 3), ("trainbox:3", 1)]
+    assert stacks_fold.lines(groups) == [
+        "3/4 ranks (trainbox:[0-2])  all_reduce (torch/distributed/distributed_c10d.py) "
+        "← sync (train.py:14) ← main (train.py:25)",
+        "    torch/distributed/distributed_c10d.py:3252  work = group.allreduce([tensor], opts)",
+        "    train.py:14                                 dist.all_reduce(t)",
+        "    train.py:25                                 sync(t)",
+        "1/4 ranks (trainbox:3)      wait_for_data (train.py:10) ← main (train.py:24)"
+        "   ← the odd one out",
+        "    train.py:10  time.sleep(10**6)",
+        "    train.py:24  wait_for_data()"]
+    # a source line is text from a target: one line, bounded
+    [odd] = stacks_fold.fold([RankStack("t", 1, 0, with_source(dump(3), {("train.py", 10): "x\n\ty" * 500}))])
+    assert odd.frames[0].source == " ".join(("x\n\ty" * 500).split())[:stacks_fold.MAX_TEXT]
+    assert "\n" not in odd.frames[0].source and len(odd.frames[0].source) == stacks_fold.MAX_TEXT
