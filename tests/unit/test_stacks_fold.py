@@ -110,7 +110,7 @@ def with_source(threads, sources):
 def test_each_group_shows_its_frames_source_lines_without_splitting_on_them():
     sources = {("train.py", 14): "dist.all_reduce(t)", ("train.py", 25): "sync(t)",
                ("train.py", 10): "time.sleep(10**6)", ("train.py", 24): "wait_for_data()",
-               ("torch/distributed/distributed_c10d.py", 3252): "work = group.allreduce([tensor], opts)"}
+               ("torch/distributed/distributed_c10d.py", 3252): "work.wait()"}
     # rank 2's target could not read the files: same frames, no source; still one group
     stacks = [RankStack("trainbox", 12520 + r, r, with_source(dump(r), sources if r != 2 else {}))
               for r in range(4)]
@@ -119,7 +119,7 @@ def test_each_group_shows_its_frames_source_lines_without_splitting_on_them():
     assert stacks_fold.lines(groups) == [
         "3/4 ranks (trainbox:[0-2])  all_reduce (torch/distributed/distributed_c10d.py) "
         "← sync (train.py:14) ← main (train.py:25)",
-        "    torch/distributed/distributed_c10d.py:3252  work = group.allreduce([tensor], opts)",
+        "    torch/distributed/distributed_c10d.py:3252  work.wait()",
         "    train.py:14                                 dist.all_reduce(t)",
         "    train.py:25                                 sync(t)",
         "1/4 ranks (trainbox:3)      wait_for_data (train.py:10) ← main (train.py:24)"
