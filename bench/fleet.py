@@ -14,6 +14,9 @@ machine drift hits every command alike:
   ansible             ansible -i INV all -m script -a probe.py -f N (its own venv: bench/.venv-ansible)
   mldiag run-script   mldiag run-script probe.py -H t01,...
   mldiag gpu-status   mldiag gpu-status -H t01,...
+  gpu-2call           (--gpu-sizes, default 16) the ssh-c25519 loop running a probe that asks
+                      nvidia-smi gpu-status's question by hand in two calls (query-gpu,
+                      query-compute-apps), next to mldiag gpu-status on the same targets
 and, for 8 containers on one host (the lab's CT 200 behind `main`, `become: sudo`, `runtime: pct`,
 eight entries with the same id), the two mldiag commands next to 8 parallel
 `ssh main sudo -n pct exec 200 -- /root/venv/bin/python - < probe.py`, counting the SSH
@@ -54,9 +57,29 @@ from tests.lab.util import (LabError, LabUnavailable, all_pids, cmdline, kill_al
 ANSIBLE_VENV = Path(__file__).resolve().parent / ".venv-ansible"
 CT_VENV_PYTHON = "/root/venv/bin/python"
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
-REFS = ("ssh", "ssh-c25519", "ansible")
-# DESIGN.md §7: (size, reference) -> the ratio goal for mldiag's rows
-GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1, ("32", "ansible"): 0.25}
+REFS = ("ssh", "ssh-c25519", "ansible", "gpu-2call")
+# DESIGN.md §7 and issue 14: (size, reference) -> the ratio goal for mldiag's rows
+GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1, ("32", "ansible"): 0.25,
+         ("16", "gpu-2call"): 1.3}
+
+
+def gpu_probe() -> str:
+    """gpu-status's question asked by hand: nvidia-smi twice (the GPUs with the same fields
+    gpu-status asks a current driver, then the compute processes), one JSON line."""
+    sys.path.insert(0, str(REPO / "diagnostics" / "scripts"))
+    try:
+        import gpu_status
+    finally:
+        sys.path.pop(0)
+    fields = ",".join(f for _, f in gpu_status.newest_fields())
+    return f"""#!/usr/bin/python3
+import json, subprocess
+q = subprocess.run(["nvidia-smi", "--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                   capture_output=True, text=True)
+a = subprocess.run(["nvidia-smi", "--query-compute-apps={gpu_status.APPS_FIELDS}",
+                    "--format=csv,noheader,nounits"], capture_output=True, text=True)
+print(json.dumps({{"gpus": len(q.stdout.splitlines()), "rc": [q.returncode, a.returncode]}}))
+"""
 
 
 @dataclass
@@ -181,8 +204,10 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                 slurm_nodes: int = 0):
     bindir = Path(sys.executable).parent
     mldiag = shutil.which("mldiag", path=str(bindir)) or "mldiag"
-    env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=str(cfg), MLDIAG_HOSTS_FILE=str(hosts_file)),
-                       work / "pycache")
+    # the bench's own memory of the targets' nvidia-smi (the warm-up run fills it, as a user's
+    # first run does): the timed gpu-status runs are the common case
+    env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=str(cfg), MLDIAG_HOSTS_FILE=str(hosts_file),
+                            MLDIAG_CACHE_DIR=str(work / "cache")), work / "pycache")
     cases: List[Case] = []
 
     def mldiag_rows(size: str, names: List[str], only_gpu: bool = False):
@@ -213,6 +238,17 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                               env=dict(env, **ansible_runs.env), prepare=ansible_runs.prepare,
                               after=ansible_runs.after))
         mldiag_rows(size, names)
+
+    gpu_probe_file = work / "gpu_probe.py"
+    gpu_probe_file.write_text(gpu_probe())
+    for n in args.gpu_sizes:
+        size, names = str(n), aliases[:n]
+        outdir = work / "out" / f"gpu{size}"
+        outdir.mkdir(parents=True)
+        cases.append(Case(size, "gpu-2call", ssh_loop(cfg, names, ["python3", "-"], gpu_probe_file, outdir,
+                                                      C25519), env=env, check=check_json_files(outdir, names)))
+        if n not in args.sizes:
+            mldiag_rows(size, names, only_gpu=True)
 
     if ct_names:
         size = f"{len(ct_names)} CTs"
@@ -308,7 +344,8 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                f"{min(loads[1:]):.2f}..{max(loads[1:]):.2f} after each round (the bench's own "
                f"processes count there){lab_note}")
     head = (f"{'size':<6} {'command':<18} {'median s':>8} {'min s':>7} {'× ssh':>6} {'× c25519':>8} "
-            f"{'× ansible':>9} {'cli CPU':>7} {'srv CPU':>7} {'oth CPU':>7} {'conns':>5} {'RSS MiB':>7}")
+            f"{'× ansible':>9} {'× 2call':>7} {'cli CPU':>7} {'srv CPU':>7} {'oth CPU':>7} {'conns':>5} "
+            f"{'RSS MiB':>7}")
     out += [head, "-" * len(head)]
     by_size: Dict[str, Dict[str, Case]] = {}
     for c in cases:
@@ -322,7 +359,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
             def ratio(r):
                 return f"{m / refs[r]:.2f}" if r in refs and refs[r] > 0 else "-"
             out.append(f"{size:<6} {c.name:<18} {m:8.3f} {min(walls):7.3f} {ratio('ssh'):>6} "
-                       f"{ratio('ssh-c25519'):>8} {ratio('ansible'):>9} "
+                       f"{ratio('ssh-c25519'):>8} {ratio('ansible'):>9} {ratio('gpu-2call'):>7} "
                        f"{med([s.cpu for s in c.samples]):7.2f} {med(c.server_cpu):7.2f} "
                        f"{med(c.other_cpu):7.2f} {int(med(c.conns)):>5} "
                        f"{max(s.maxrss_kb for s in c.samples) / 1024:7.1f}")
@@ -343,7 +380,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
             continue
         refm = med([s.wall for s in row[ref].samples])
         for name in ("mldiag gpu-status", "mldiag run-script"):
-            if name in row:
+            if name in row and not (ref == "gpu-2call" and name != "mldiag gpu-status"):
                 r = med([s.wall for s in row[name].samples]) / refm
                 goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<18} "
                              f"{r:5.2f}× {ref:<10} (goal ≤ {goal}: {'met' if r <= goal else 'not met'})")
@@ -375,6 +412,8 @@ def parse_args():
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--runs", type=int, help="timed runs per command (default 5; --quick: 3)")
     ap.add_argument("--sizes", default=None, help="target counts, comma list (default 1,8,32; --quick: 1,8)")
+    ap.add_argument("--gpu-sizes", default="16",
+                    help="target counts for gpu-status next to a two-call nvidia-smi ssh loop (default 16)")
     ap.add_argument("--containers", type=int, default=8, help="containers of one host (0: skip)")
     ap.add_argument("--rss-targets", type=int, default=64, help="targets for the peak-RSS rows (0: skip)")
     ap.add_argument("--no-ansible", action="store_true", help="skip the ansible reference")
@@ -387,6 +426,7 @@ def parse_args():
     args.runs = args.runs or (3 if args.quick else 5)
     sizes = args.sizes or ("1,8" if args.quick else "1,8,32")
     args.sizes = sorted({int(s) for s in sizes.split(",") if s.strip()})
+    args.gpu_sizes = sorted({int(s) for s in args.gpu_sizes.split(",") if s.strip()})
     if args.runs < 1 or any(n < 1 for n in args.sizes):
         ap.error("--runs and --sizes must be positive")
     return args
@@ -411,7 +451,7 @@ def main() -> int:
         ansible = None if args.no_ansible else ensure_ansible()
         lab = Lab.start(strict=False)
         work = Path(tempfile.mkdtemp(prefix="mldiag-fleet-", dir=lab.dir))
-        count = max(args.sizes + [args.rss_targets])
+        count = max(args.sizes + args.gpu_sizes + [args.rss_targets])
         targets = start_fleet(lab, count)
         aliases = [t.alias for t in targets]
         ct_names = []

@@ -66,9 +66,16 @@ MODEL = Arg("model", "model directory on the target, or a name from the target's
                      "(default: its first)", kind="model")
 
 
-def _expect_gpus(target: Target) -> List[str]:
+def _gpu_status_argv(target: Target) -> List[str]:
+    """hosts.yaml's ``gpus:``, and what the client remembers of the target's nvidia-smi."""
+    from . import smi_memory
     gpus = target.expect_dict.get("gpus")
-    return [f"--expect-gpus={gpus}"] if gpus is not None else []
+    return ([f"--expect-gpus={gpus}"] if gpus is not None else []) + smi_memory.known_argv(target.name)
+
+
+def _remember_smi(results: List[Any]) -> None:
+    from . import smi_memory
+    smi_memory.remember(results)
 
 
 # dcgmi diag's timeout per run level: scripts/dcgm.py's TIMEOUTS (its docstring gives NVIDIA's
@@ -106,7 +113,7 @@ TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in (
                                      "instead of the live kernel log", metavar="FILE"),
               Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
                                  "free)", kind="bool")),
-             target_argv=_expect_gpus),
+             target_argv=_gpu_status_argv, amend=_remember_smi),
     TaskSpec("check-attn", "requested vs resolved attention per module, layer types, fast kernels",
              (MODEL,
               Arg("attn-implementation", "request this implementation (eager, sdpa, "

@@ -243,7 +243,7 @@ def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
                     no_color)
     job = jobs.job_source("gpu-status", dict(kernel_log_file=kernel_log_file, expect_idle=expect_idle))
-    return cli.execute(opts, job, after_table=render.render_gpus)
+    return cli.execute(opts, job, after_table=render.render_gpus, amend=jobs.TASKS["gpu-status"].amend)
 
 
 @task(klass=MldiagTask, help=_help(**jobs.help_for("check-attn")))

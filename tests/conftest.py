@@ -21,6 +21,10 @@ def pytest_configure(config):
         return
     _record_dir = tempfile.mkdtemp(prefix="recorded-commands-")
     os.environ[RECORD_ENV] = os.path.join(_record_dir, "commands.jsonl")
+    # what mldiag remembers between runs (diagnostics/smi_memory.py): the session's own, never
+    # the user's ~/.cache
+    if "MLDIAG_CACHE_DIR" not in os.environ:
+        os.environ["MLDIAG_CACHE_DIR"] = os.path.join(_record_dir, "cache")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -34,3 +38,5 @@ def pytest_unconfigure(config):
     if _record_dir:
         shutil.rmtree(_record_dir, ignore_errors=True)
         os.environ.pop(RECORD_ENV, None)
+        if os.environ.get("MLDIAG_CACHE_DIR", "").startswith(_record_dir):
+            os.environ.pop("MLDIAG_CACHE_DIR")

@@ -3,11 +3,15 @@
 
 Runs on the target, standard library only, Python 3.8+. Sources, in order:
 
-1. ``nvidia-smi`` (on PATH, in a well-known driver directory, or ``--nvidia-smi``):
-   ``--help-query-gpu`` is read once and only the fields it lists are asked for (an unknown
-   field makes nvidia-smi fail the whole query); ``--query-gpu=... --format=csv,noheader,nounits``,
-   ``--query-compute-apps=...`` and ``--version`` -- each call with a timeout, since nvidia-smi
-   hangs on a GPU in a bad state.
+1. ``nvidia-smi`` (on PATH, in a well-known driver directory, or ``--nvidia-smi``), each call
+   with a timeout (nvidia-smi hangs on a GPU in a bad state), at once in parallel:
+   ``--query-gpu=...`` with the newest field names (``--format=csv,noheader,nounits``),
+   ``--query-compute-apps=...`` and ``--version`` (the CUDA version). Two calls when the client
+   remembers this target (``--known``: its driver, CUDA version and the field names it took):
+   those fields are asked, and ``--version`` only if the driver changed. A driver that refuses a
+   field (an unknown field makes nvidia-smi fail the whole query: R470 knows no
+   ``memory.reserved``) is asked ``--help-query-gpu`` and then only for the fields it lists --
+   right the first time it is seen, in two rounds.
 2. NVML, when nvidia-smi is missing (common inside containers): ``nvidia-ml-py`` (``import
    pynvml``) when importable, else a ctypes binding to ``libnvidia-ml.so.1``.
 3. Neither: a finding that says so, or that the machine has AMD (``amd-smi``/``rocm-smi``) or
@@ -250,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else ctypes on libnvidia-ml.so.1 (auto); or never (off)")
     p.add_argument("--expect-idle", action="store_true",
                    help="GPU memory held by processes is a warning, not information (the GPUs should be free)")
+    p.add_argument("--known", default=None, metavar="JSON",
+                   help="what the client remembers of this machine's nvidia-smi: "
+                        '{"driver": "590.48.01", "cuda": "13.1", "fields": ["index", ...]}')
     p.add_argument("--no-kernel-log", action="store_true",
                    help="do not scan the kernel log for Xid errors")
     p.add_argument("--kernel-log-file", default=None, metavar="PATH",
@@ -741,50 +748,90 @@ def _secs(x):
     return ("%g" % x) if x == int(x) else ("%.1f" % x)
 
 
-def collect_nvidia_smi(smi, timeout, data, findings):
+def parse_known(text):
+    """``--known`` -> {"driver", "cuda", "fields"} with only well-formed values (fields: names
+    this script would ask for), or None."""
+    try:
+        raw = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    names = dict((n, key) for key, ns in QUERY_FIELDS for n in ns)
+    fields = raw.get("fields")
+    fields = [f for f in fields if f in names][:len(QUERY_FIELDS)] if isinstance(fields, list) else []
+    text_of = lambda v: v if isinstance(v, str) and re.match(r"^[0-9][0-9.]{0,19}$", v) else None
+    if not any(names[f] == "index" for f in fields):
+        fields = []
+    return {"driver": text_of(raw.get("driver")), "cuda": text_of(raw.get("cuda")),
+            "fields": [(names[f], f) for f in fields]}
+
+
+# The first question asks each key's newest name, except where a still-current driver refuses
+# it and an older name means the same: kmd_version is 595+ only (590 refuses it), and every
+# driver also answers driver_version.
+FIRST_ASK = {"driver_version": "driver_version"}
+
+
+def newest_fields():
+    """[(key, field)]: each key's newest name (FIRST_ASK's where it says otherwise)."""
+    return [(key, FIRST_ASK.get(key, names[0])) for key, names in QUERY_FIELDS]
+
+
+def query_gpu_argv(smi, chosen):
+    return [smi, "--query-gpu=" + ",".join(f for _, f in chosen), "--format=csv,noheader,nounits"]
+
+
+def collect_nvidia_smi(smi, timeout, data, findings, known=None):
     """Fill data from nvidia-smi; append findings for its failures."""
     data["source"] = "nvidia-smi"
     info = {"path": smi, "calls": 0}
     data["nvidia_smi"] = info
-    help_run, apps_run, version_run = run_tools(
-        [[smi, "--help-query-gpu"],
-         [smi, "--query-compute-apps=" + APPS_FIELDS, "--format=csv,noheader,nounits"],
-         [smi, "--version"]], timeout)
-    info["calls"] += 3
-    for run, what in ((help_run, "--help-query-gpu"), (apps_run, "--query-compute-apps")):
+    chosen = (known or {}).get("fields") or newest_fields()
+    ask_version = not (known and known.get("driver") and known.get("cuda"))
+    batch = [query_gpu_argv(smi, chosen),
+             [smi, "--query-compute-apps=" + APPS_FIELDS, "--format=csv,noheader,nounits"]]
+    if ask_version:
+        batch.append([smi, "--version"])
+    runs = run_tools(batch, timeout)
+    info["calls"] += len(batch)
+    query_run, apps_run = runs[0], runs[1]
+    version_run = runs[2] if ask_version else None
+    for run, what in ((query_run, "--query-gpu"), (apps_run, "--query-compute-apps")):
         if run.start_error or run.timed_out:
             findings.append(smi_failure(run, what, timeout))
             return
-    valid = parse_help_fields(help_run.stdout) if help_run.ok else None
-    if not valid:
-        valid = None
-        info["help_query_gpu"] = "unavailable: " + (first_line(help_run.output) or "no output")
-    if version_run.ok:
-        v = parse_version(version_run.stdout)
-        data["cuda_version"] = v.get("cuda_version")
-        data["driver_version"] = v.get("driver_version")
 
-    chosen = choose_fields(valid)
     refused = []
-    query_run = None
-    for attempt in range(4):
-        query_run = run_tools([[smi, "--query-gpu=" + ",".join(f for _, f in chosen),
-                                "--format=csv,noheader,nounits"]], timeout)[0]
+    if query_run.returncode and UNKNOWN_FIELD_RE.search(query_run.output):
+        # A driver that does not know one of the fields: ask it which it knows, then only those
+        refused.append(UNKNOWN_FIELD_RE.search(query_run.output).group(1))
+        help_run = run_tools([[smi, "--help-query-gpu"]], timeout)[0]
         info["calls"] += 1
-        if query_run.start_error or query_run.timed_out:
-            findings.append(smi_failure(query_run, "--query-gpu", timeout))
+        if help_run.start_error or help_run.timed_out:
+            findings.append(smi_failure(help_run, "--help-query-gpu", timeout))
             return
-        m = UNKNOWN_FIELD_RE.search(query_run.output)
-        if not (query_run.returncode and m) or attempt == 3:
-            break
-        # An older driver: drop the refused field and ask again; after three refusals
-        # (no usable --help-query-gpu, a very old driver) keep only the core fields.
-        refused.append(m.group(1))
-        chosen = [(k, f) for k, f in chosen if f not in refused]
-        if attempt == 2:
-            chosen = [(k, f) for k, f in chosen if k in CORE_KEYS]
-        if not any(k == "index" for k, _ in chosen):
-            break
+        valid = parse_help_fields(help_run.stdout) if help_run.ok else None
+        if not valid:
+            info["help_query_gpu"] = "unavailable: " + (first_line(help_run.output) or "no output")
+        chosen = [(k, f) for k, f in choose_fields(valid or None) if f not in refused]
+        for attempt in range(4):
+            query_run = run_tools([query_gpu_argv(smi, chosen)], timeout)[0]
+            info["calls"] += 1
+            if query_run.start_error or query_run.timed_out:
+                findings.append(smi_failure(query_run, "--query-gpu", timeout))
+                return
+            m = UNKNOWN_FIELD_RE.search(query_run.output)
+            if not (query_run.returncode and m) or attempt == 3:
+                break
+            # no usable --help-query-gpu (a very old driver): drop the refused field and ask
+            # again; after three refusals keep only the core fields
+            refused.append(m.group(1))
+            chosen = [(k, f) for k, f in chosen if f not in refused]
+            if attempt == 2:
+                chosen = [(k, f) for k, f in chosen if k in CORE_KEYS]
+            if not any(k == "index" for k, _ in chosen):
+                break
     if refused:
         info["fields_refused"] = refused
     info["fields_asked"] = [f for _, f in chosen]
@@ -801,6 +848,17 @@ def collect_nvidia_smi(smi, timeout, data, findings):
         dv = g.pop("driver_version", None)
         if dv and not data.get("driver_version"):
             data["driver_version"] = dv
+    if version_run is None and not (known and data.get("driver_version") == known.get("driver")):
+        # the client remembered another driver (an upgrade), or no GPU said its driver
+        version_run = run_tools([[smi, "--version"]], timeout)[0]
+        info["calls"] += 1
+    if version_run is None:
+        data["cuda_version"] = known["cuda"]
+    elif version_run.ok:
+        v = parse_version(version_run.stdout)
+        data["cuda_version"] = v.get("cuda_version")
+        if not data.get("driver_version"):
+            data["driver_version"] = v.get("driver_version")
     for l in lost:
         findings.append(finding(
             "fail", "gpu-lost",
@@ -1647,7 +1705,7 @@ def run(args) -> dict:
     else:
         smi = find_tool("nvidia-smi")
     if smi:
-        collect_nvidia_smi(smi, args.timeout, data, findings)
+        collect_nvidia_smi(smi, args.timeout, data, findings, parse_known(args.known))
     else:
         api, how = load_nvml(args.nvml)
         if api is not None:

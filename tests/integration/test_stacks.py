@@ -28,6 +28,7 @@ import pytest
 
 from tests import programs
 from tests.integration.test_diagnostics_remote import bind, ct, mlenv
+from tests.lab import lxc
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "fixtures" / "stacks" / "hung_gloo_job.py"
@@ -147,19 +148,25 @@ def two_node_job(lab, tmp_path_factory):
                  "torch.distributed.run", *common, "--node-rank", "1",
                  str(fixtures / "stacks" / JOB.name)],
                 stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True))
+    dumps = []
     try:
         wait_for(logs, 4, procs)
         host = job_ranks(JOB.name, GROUP_RANK="0")
         in_ct = job_ranks(JOB.name, GROUP_RANK="1")
         assert sorted(host) == [0, 1] and sorted(in_ct) == [2, 3], (host, in_ct)
-        dumps = [work / "fr_rank_0", work / "fr_rank_1",
-                 *(Path(f"/proc/{in_ct[2]}/root/tmp/fr_rank_{r}") for r in (2, 3))]
+        ct_root = Path(f"/proc/{lxc.init_pid(lab.lxc_path, lab.ct_running)}/root")   # outlives the job
+        dumps = [work / "fr_rank_0", work / "fr_rank_1", *(ct_root / "tmp" / f"fr_rank_{r}" for r in (2, 3))]
         end = time.monotonic() + 30
         while not all(d.exists() for d in dumps):
             assert time.monotonic() < end, f"no flight-recorder dumps: {[d.exists() for d in dumps]}"
             time.sleep(0.1)
         yield {"host": host, "ct": in_ct, "procs": procs, "logs": logs}
     finally:
+        for dump in dumps:                             # the CT's /tmp is shared by later tests
+            try:
+                dump.unlink()
+            except OSError:
+                pass
         for proc in procs:
             end_session(proc)
         for pid in job_ranks(JOB.name).values():      # what lxc-attach left inside the CT
@@ -226,6 +233,7 @@ def test_one_node_alone_sees_its_own_ranks_agree(two_node_job, hosts, py_spy, ta
 def test_the_odd_rank_is_named_across_the_host_and_its_container(two_node_job, hosts):
     """box-sudo (ssh → sudo) and ct (ssh → sudo → pct exec 200), neither with py-spy: the
     client's is shipped to both, and the fold runs across them."""
+    tmp_before = set(lab_ct_tmp(two_node_job))
     r = mldiag("stacks", "--hosts-file", hosts, "-H", "box-sudo,ct", "--no-color")
     assert r.returncode == 2, r.stdout + r.stderr
     assert fold_lines(r.stdout) == [f"3/4 ranks (box-sudo:[0-1],ct:2)  {MAJOR}",
@@ -265,7 +273,7 @@ def test_the_odd_rank_is_named_across_the_host_and_its_container(two_node_job, h
         ["hung_gloo_job.py:42", "wait_for_data()"]], text[odd_at:odd_at + 4]
     major_at = next(i for i, line in enumerate(text) if line.startswith("3/4 ranks ("))
     assert ["hung_gloo_job.py:15", "dist.all_reduce(t)"] in [line.split(None, 1) for line in text[major_at:odd_at]]
-    assert not [n for n in lab_ct_tmp(two_node_job) if n.startswith("mldiag-")]
+    assert set(lab_ct_tmp(two_node_job)) - tmp_before == set()      # the run's temp dirs are gone
 
 
 def lab_ct_tmp(job):

@@ -467,19 +467,72 @@ def test_retired_pages_pending(smi_env, monkeypatch):
     assert r["data"]["gpus"][0]["retired_pages"] == {"sbe": 1, "dbe": 2, "pending": True}
 
 
+def calls_of(log):
+    """nvidia-smi's argv per call, without the format flag: ['--query-gpu', '--version', ...]."""
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def known_of(result):
+    """What the client remembers of a run (diagnostics/smi_memory.py keeps the same three)."""
+    return json.dumps({"driver": result["data"]["driver_version"], "cuda": result["data"]["cuda_version"],
+                       "fields": result["data"]["nvidia_smi"]["fields_asked"]})
+
+
+def test_a_current_driver_is_asked_twice_when_remembered_three_times_when_new(smi_env, monkeypatch):
+    first_log, second_log = smi_env / "first.log", smi_env / "second.log"
+    first = gpu_status(capture=H200, log=first_log, monkeypatch=monkeypatch)
+    # first sight: the newest field names, the processes and the CUDA version, all at once
+    assert sorted(c[0].split("=")[0] for c in calls_of(first_log)) == [
+        "--query-compute-apps", "--query-gpu", "--version"]
+    assert first["data"]["nvidia_smi"]["calls"] == 3
+    # remembered: two calls; the same answer
+    second = gpu_status("--known=" + known_of(first), capture=H200, log=second_log, monkeypatch=monkeypatch)
+    assert sorted(c[0].split("=")[0] for c in calls_of(second_log)) == ["--query-compute-apps", "--query-gpu"]
+    assert second["data"]["nvidia_smi"]["calls"] == 2
+    for key in ("driver_version", "cuda_version", "gpus", "processes"):
+        assert second["data"][key] == first["data"][key], key
+    assert second["findings"] == first["findings"]
+
+
+def test_a_remembered_driver_that_changed_asks_the_cuda_version_again(smi_env, monkeypatch):
+    log = smi_env / "argv.log"
+    known = json.dumps({"driver": "535.104.05", "cuda": "12.2", "fields": ["index", "name", "driver_version"]})
+    r = gpu_status("--known=" + known, capture=H200, log=log, monkeypatch=monkeypatch)
+    assert [c[0].split("=")[0] for c in calls_of(log)][-1] == "--version"
+    assert r["data"]["nvidia_smi"]["calls"] == 3
+    assert (r["data"]["driver_version"], r["data"]["cuda_version"]) == ("590.48.01", "13.1")
+    assert r["data"]["nvidia_smi"]["fields_asked"] == ["index", "name", "driver_version"]
+
+
+@pytest.mark.parametrize("known", ["not json", "[]", '{"fields": ["index; rm -rf /", "name"]}',
+                                   '{"driver": "590.48.01\\nx", "cuda": "13.1", "fields": ["name"]}'])
+def test_a_malformed_memory_is_ignored(smi_env, monkeypatch, known):
+    r = gpu_status("--known=" + known, capture=H200, monkeypatch=monkeypatch)
+    assert r["data"]["nvidia_smi"]["calls"] == 3 and r["data"]["cuda_version"] == "13.1"
+    assert r["data"]["nvidia_smi"]["fields_asked"][0] == "index"
+
+
 def test_old_driver_asks_only_for_fields_its_help_lists(smi_env, monkeypatch):
+    """R470 refuses the newest names (memory.reserved): it is asked --help-query-gpu, then only
+    for what it lists -- right the first time it is seen; remembered, one query."""
     log = smi_env / "argv.log"
     r = gpu_status(capture="derived__h100__driver-470.txt", log=log, monkeypatch=monkeypatch)
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    calls = calls_of(log)
     query = [c for c in calls if c[0].startswith("--query-gpu=")]
-    assert len(query) == 1  # right the first time
-    fields = query[0][0][len("--query-gpu="):].split(",")
+    assert len(query) == 2 and ["--help-query-gpu"] in calls
+    fields = query[1][0][len("--query-gpu="):].split(",")
     assert "compute_cap" not in fields and "clocks_throttle_reasons.active" in fields
     assert "clocks_event_reasons.active" not in fields
+    assert r["data"]["nvidia_smi"]["fields_refused"] == ["memory.reserved"]
     g = r["data"]["gpus"][0]
     assert g["compute_cap"] is None and g["clocks_event_reasons"]["names"] == ["gpu_idle"]
     assert r["data"]["driver_version"] == "470.256.02" and r["data"]["cuda_version"] is None
     assert r["status"] == "ok"
+    again_log = smi_env / "again.log"
+    again = gpu_status("--known=" + known_of(r), capture="derived__h100__driver-470.txt", log=again_log,
+                       monkeypatch=monkeypatch)
+    assert [c[0].split("=")[0] for c in calls_of(again_log)].count("--query-gpu") == 1
+    assert again["data"]["gpus"] == r["data"]["gpus"]
 
 
 def test_old_driver_without_help_learns_from_refusals(smi_env, monkeypatch):
