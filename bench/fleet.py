@@ -73,10 +73,11 @@ def gpu_probe() -> str:
         sys.path.pop(0)
     fields = ",".join(f for _, f in gpu_status.newest_fields())
     return f"""#!/usr/bin/python3
-import json, subprocess
-q = subprocess.run(["nvidia-smi", "--query-gpu={fields}", "--format=csv,noheader,nounits"],
+import json, shutil, subprocess
+smi = shutil.which("nvidia-smi") or "nvidia-smi"
+q = subprocess.run([smi, "--query-gpu={fields}", "--format=csv,noheader,nounits"],
                    capture_output=True, text=True)
-a = subprocess.run(["nvidia-smi", "--query-compute-apps={gpu_status.APPS_FIELDS}",
+a = subprocess.run([smi, "--query-compute-apps={gpu_status.APPS_FIELDS}",
                     "--format=csv,noheader,nounits"], capture_output=True, text=True)
 print(json.dumps({{"gpus": len(q.stdout.splitlines()), "rc": [q.returncode, a.returncode]}}))
 """
@@ -190,6 +191,20 @@ def check_json_files(outdir: Path, hosts: List[str]):
     return check
 
 
+def check_gpu_probe(outdir: Path, hosts: List[str]):
+    """Each target's probe found nvidia-smi, both calls succeeded and GPUs were listed."""
+    def check(_sample: Sample) -> None:
+        for i, h in enumerate(hosts):
+            text = (outdir / str(i)).read_text()
+            try:
+                doc = json.loads(text.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                doc = {}
+            if doc.get("rc") != [0, 0] or not doc.get("gpus"):
+                raise BenchError(f"gpu probe on {h}: nvidia-smi did not answer: {text[-300:]!r}")
+    return check
+
+
 def check_all_ok(names: List[str]):
     """mldiag's summary line says every target answered ok (e.g. `8 ok`)."""
     def check(sample: Sample) -> None:
@@ -246,7 +261,7 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
         outdir = work / "out" / f"gpu{size}"
         outdir.mkdir(parents=True)
         cases.append(Case(size, "gpu-2call", ssh_loop(cfg, names, ["python3", "-"], gpu_probe_file, outdir,
-                                                      C25519), env=env, check=check_json_files(outdir, names)))
+                                                      C25519), env=env, check=check_gpu_probe(outdir, names)))
         if n not in args.sizes:
             mldiag_rows(size, names, only_gpu=True)
 
