@@ -401,12 +401,19 @@ def worst_action(findings):
     return worst
 
 
+IDLE_CODES = ("not-checked", "dcgm-absent")
+
+
 def summarise(gpus, findings, checks):
     problems = [f for f in findings if f.get("level") in ("warn", "fail")]
     what = "%d× %s" % (len(gpus), gpus[0]["name"]) if gpus else "no GPU listed"
-    ran = [n for n, c in checks.items() if c["status"] != "skipped"]
+    # a check with nothing to read (no nvidia-smi, no dcgmi) did not pass anything
+    idle = [n for n in checks if any(f.get("check") == n and f.get("code") in IDLE_CODES
+                                     and not f.get("gpus") for f in findings)]
+    ran = [n for n, c in checks.items() if c["status"] != "skipped" and n not in idle]
     if not problems:
-        return "healthy: %s, %d checks passed (%s)" % (what, len(ran), ", ".join(ran))
+        return "healthy: %s, %d checks passed (%s)%s" % (
+            what, len(ran), ", ".join(ran), "; nothing to read for %s" % ", ".join(idle) if idle else "")
     problems.sort(key=lambda f: (-LEVEL_RANK.get(f["level"], 2), -action_rank(f.get("action"))))
     top = problems[0]
     more = " (+%d more)" % (len(problems) - 1) if len(problems) > 1 else ""

@@ -195,6 +195,13 @@ def test_summary_names_the_worst_action_and_the_top_finding():
     assert nc.summarise(gpus, findings, {}) == "reboot: GPU 2 fell off the bus (Xid 79) (+1 more)"
     assert nc.summarise(gpus, [], {"xid": {"status": "ok"}, "dcgm": {"status": "skipped"}}) == \
         "healthy: 8× NVIDIA H200, 1 checks passed (xid)"
+    # a machine without nvidia-smi or dcgmi: those checks read nothing, so they passed nothing
+    idle = [nc.finding("info", "no-nvidia-smi", "nvidia-smi not found", "none", "gpu"),
+            nc.finding("info", "not-checked", "not checked: nvidia-smi not found", "none", "nvlink"),
+            nc.finding("info", "dcgm-absent", "dcgmi not found", "none", "dcgm")]
+    checks = {name: {"status": "ok"} for name in ("xid", "nvlink", "pcie", "dcgm")}
+    assert nc.summarise([], idle, checks) == \
+        "healthy: no GPU listed, 2 checks passed (xid, pcie); nothing to read for nvlink, dcgm"
 
 
 def test_expect_json_keeps_known_integer_keys_only():
