@@ -215,13 +215,14 @@ def update_line(node: str, state: str, reason: Optional[str] = None) -> str:
     return line
 
 
-def _prefix(login: Target) -> List[str]:
+def login_prefix(login: Target) -> List[str]:
+    """What a command on the login node starts with: sudo's, with ``become: sudo``."""
     return Sudo().wrap([]) if login.become else []
 
 
 def command_text(login: Target, line: str) -> str:
     """The update as one shell command line: ``[sudo -n --] scontrol update …``."""
-    return " ".join(_prefix(login) + ["scontrol", line])
+    return " ".join(login_prefix(login) + ["scontrol", line])
 
 
 def show_argv(nodes: Sequence[str]) -> List[str]:
@@ -306,8 +307,9 @@ def _by_someone(state: NodeState) -> str:
 TransportFor = Callable[[Target], Transport]
 
 
-def _run(transport: Transport, argv: List[str], payload: bytes, timeout: float):
-    """(exit code or None, stdout, one-line problem or None)."""
+def run_on_login(transport: Transport, argv: List[str], payload: bytes, timeout: float):
+    """One command on the login node (drain and undrain): (exit code or None, stdout,
+    one-line problem or None)."""
     try:
         out = transport.run(argv, payload, time.monotonic() + timeout)
     except TransportError as exc:
@@ -324,13 +326,13 @@ def _run(transport: Transport, argv: List[str], payload: bytes, timeout: float):
     return 0, stdout, None
 
 
-def _states(transport: Transport, nodes: Sequence[str], timeout: float
+def node_states(transport: Transport, nodes: Sequence[str], timeout: float
             ) -> Tuple[Dict[str, NodeState], Optional[str]]:
     """Slurm's state of ``nodes`` (those it knows) and a problem, if no answer came."""
     states: Dict[str, NodeState] = {}
     for i in range(0, len(nodes), SHOW_CHUNK):
         chunk = list(nodes[i:i + SHOW_CHUNK])
-        code, stdout, problem = _run(transport, show_argv(chunk), b"", timeout)
+        code, stdout, problem = run_on_login(transport, show_argv(chunk), b"", timeout)
         found = parse_show_node(stdout)
         if problem and not found:    # an unknown node is exit 1 with the others still shown
             return states, f"scontrol show node: {problem}"
@@ -393,7 +395,7 @@ def _run_login(login: Target, steps: List[DrainStep], drain: bool, undrain: bool
 def _decide_and_apply(login: Target, transport: Transport, steps: List[DrainStep], drain: bool,
                       undrain: bool, timeout: float) -> List[DrainOutcome]:
     nodes = list(dict.fromkeys(s.node for s in steps))
-    states, problem = _states(transport, nodes, timeout)
+    states, problem = node_states(transport, nodes, timeout)
     if problem:
         return [_error(s, f"cannot read the node's Slurm state on {login.name}: {problem}")
                 for s in steps]
@@ -403,16 +405,16 @@ def _decide_and_apply(login: Target, transport: Transport, steps: List[DrainStep
         if outcome.status != "would-run" or not (
                 (outcome.flag == "--drain" and drain) or (outcome.flag == "--undrain" and undrain)):
             continue
-        argv = _prefix(login) + ["scontrol"]
+        argv = login_prefix(login) + ["scontrol"]
         # NOTE: `quit` ends scontrol's reader (stdin stays open until the command ends: its EOF
         # is how a runtime learns that the client went away); the exit code is the update's
-        _, _, problem = _run(transport, argv, f"{outcome.line}\nquit\n".encode(), timeout)
+        _, _, problem = run_on_login(transport, argv, f"{outcome.line}\nquit\n".encode(), timeout)
         outcome.status = "failed" if problem else "ran"
         outcome.message = (f"scontrol failed ({problem})" if problem else
                            "drained" if outcome.flag == "--drain" else "resumed")
         touched.append(outcome)
     if touched:
-        after, _ = _states(transport, [o.node for o in touched], timeout)
+        after, _ = node_states(transport, [o.node for o in touched], timeout)
         for outcome in touched:
             outcome.after = after.get(outcome.node)
     return outcomes

@@ -109,8 +109,8 @@ def narrowed(window: Window, minutes: int) -> Target:
 
 def _scontrol(login: Target, transport: Transport, line: str, timeout: float) -> Optional[str]:
     """Run one scontrol command through its stdin reader; the problem, or None."""
-    argv = drain_mod._prefix(login) + ["scontrol"]
-    _, _, problem = drain_mod._run(transport, argv, f"{line}\nquit\n".encode(), timeout)
+    argv = drain_mod.login_prefix(login) + ["scontrol"]
+    _, _, problem = drain_mod.run_on_login(transport, argv, f"{line}\nquit\n".encode(), timeout)
     return problem
 
 
@@ -146,7 +146,7 @@ def _open(target: Target, check_timeout: float, transport_of, timeout: float
         transport = transport_of(target)
     except TransportError as exc:      # reported as a line; the check still runs (and says it)
         return None, [f"{base}: --undrain: cannot reach the login host: {exc.layer}: {exc.message}"]
-    _, text, problem = drain_mod._run(transport, ["scontrol", "show", "node", "-o"], b"", timeout)
+    _, text, problem = drain_mod.run_on_login(transport, ["scontrol", "show", "node", "-o"], b"", timeout)
     if problem:
         return None, [f"{base}: --undrain: scontrol show node: {problem}"]
     nodes = drained_by_us(text, target.slurm)
@@ -154,7 +154,7 @@ def _open(target: Target, check_timeout: float, transport_of, timeout: float
         return None, [f"{base}: --undrain: no node drained by mldiag"]
     before = {n: s for n, s in drain_mod.parse_show_node(text).items() if n in nodes}
     # salloc runs as the login user itself (``become`` applies on the nodes, inside srun)
-    _, who, problem = drain_mod._run(transport, ["id", "-un"], b"", timeout)
+    _, who, problem = drain_mod.run_on_login(transport, ["id", "-un"], b"", timeout)
     user = who.strip()
     if problem or not NAME.fullmatch(user):
         return None, [f"{base}: --undrain: cannot tell which user salloc runs as: "
@@ -243,7 +243,7 @@ def _close(window: Window, by_target: Dict[str, Result], aborted: bool, transpor
                                      f"deleted: scontrol failed ({problem})",
                                      command=drain_mod.command_text(
                                          login, f"delete reservationname={window.name}")))
-    after, _ = drain_mod._states(transport, window.nodes, timeout)
+    after, _ = drain_mod.node_states(transport, window.nodes, timeout)
     for outcome in outcomes:
         if outcome.node:
             outcome.after = after.get(outcome.node)
