@@ -43,8 +43,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
              "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOB_ID",
              "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "HOME", "XDG_CACHE_HOME")
@@ -74,6 +72,28 @@ def build_parser():
                    help="the client can ship py-spy for this machine type: when none is here, "
                         "stop after finding the processes and ask for it")
     return p
+
+
+def companion(name):
+    """The module ``NAME.py`` beside this file (pyframes, flight_recorder), or None. Loaded by
+    path under a private name: the target's Python may have a package of the same name on
+    sys.path, which must be neither shadowed nor used."""
+    private = "_mldiag_stacks_" + name
+    if private in sys.modules:
+        return sys.modules[private]
+    path = os.path.join(HERE, name + ".py")
+    if not os.path.isfile(path):
+        return None
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(private, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[private] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[private]
+        raise
+    return module
 
 
 def _read(path, limit):
@@ -252,9 +272,8 @@ def dump(py_spy, pid, native=False):
 def read_stdlib(pid, proc):
     """The standard-library reader (pyframes.py beside this script): (threads, error, seconds)."""
     start = time.monotonic()
-    try:
-        import pyframes
-    except ImportError:
+    pyframes = companion("pyframes")
+    if pyframes is None:
         return None, "the standard-library reader (pyframes.py) is not beside this script", 0.0
     try:
         threads = pyframes.dump(pid, proc=proc)
@@ -355,9 +374,8 @@ def flight_recorder(proc, found):
     """The flight-recorder dumps the job's processes name (their TORCH_FR_DUMP_TEMP_FILE, or
     torch's default for their HOME), or, with no process found, the ones our own environment
     names; None when there are none (or flight_recorder.py is not beside this script)."""
-    try:
-        import flight_recorder as fr
-    except ImportError:
+    fr = companion("flight_recorder")
+    if fr is None:
         return None
     prefixes = []
     for pid, _, env, _ in found:

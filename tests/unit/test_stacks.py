@@ -6,6 +6,7 @@ tests/integration/test_stacks.py."""
 import argparse
 import json
 import os
+import sys
 
 import pytest
 
@@ -303,3 +304,13 @@ def test_source_lines_are_read_only_where_the_processes_owner_may(tmp_path):
     stacks.add_source(str(proc), 77, threads)
     assert [f.get("source") for f in threads[0]["frames"][:5]] == ["wait()", None, None, None, None]
     stacks.add_source(str(proc), 77, "garbage")         # a dump that is not a list: nothing
+
+
+def test_companions_are_ours_whatever_the_targets_path_holds(tmp_path, monkeypatch):
+    """A package named like a companion on the target's sys.path is neither used nor shadowed."""
+    (tmp_path / "pyframes.py").write_text("raise SystemExit('the wrong pyframes')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = stacks.companion("pyframes")
+    assert os.path.dirname(module.__file__) == stacks.HERE and hasattr(module, "dump")
+    assert "pyframes" not in sys.modules or sys.modules["pyframes"].__file__ != module.__file__
+    assert stacks.companion("no_such_companion") is None
