@@ -13,7 +13,8 @@ Semantics (README "Runbooks" says the same for users):
   (``DROP_LAYERS``: unreachable, auth, hostkey, become, container, interpreter, upload), or
   when the step's status there is at least its ``stop_if:``. A timed-out or crashed diagnostic
   keeps the target in the run: the next step asks something else.
-- A Slurm login target runs each step as its own allocation; its rows (``cluster-a:n3``)
+- A Slurm login target's allocation is made at its first step and shared by the later ones
+  (released when the runbook ends, in every outcome); its rows (``cluster-a:n3``)
   count for it: conditions see the worst of them.
 - The exit code is the worst status of the steps that ran (skipped ones do not count);
   130 when interrupted, 143 / 129 when ended by TERM / HUP (the report of what ran is still
@@ -195,6 +196,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
     gone: Dict[str, Skip] = {}
     by_id: Dict[str, StepRun] = {}
     pool = SshPool()
+    allocations: Dict[str, object] = {}      # a Slurm target's, shared by the steps (runner)
     try:
         for number, step in enumerate(book.steps, 1):
             sr = StepRun(number, step)
@@ -226,7 +228,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
 
             try:
                 sr.results = run_many(eligible, job_for, parallel=parallel, pool=pool,
-                                      on_result=got)
+                                      on_result=got, keep_allocations=allocations)
                 if amend is not None:
                     amend(sr.results)
                     for result in sr.results if on_result else ():
@@ -243,6 +245,8 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
                                for t in eligible if t.name not in answered]
             _leave(sr, gone)
     finally:
+        for allocation in allocations.values():
+            allocation.release()
         pool.close()
         record.duration_s = time.monotonic() - t0
     return record

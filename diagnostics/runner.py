@@ -165,12 +165,16 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
 def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target], bundle.Job]], *,
              parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
              on_result: Optional[Callable[[Result], None]] = None,
-             on_progress: Optional[OnProgress] = None) -> List[Result]:
+             on_progress: Optional[OnProgress] = None,
+             keep_allocations: Optional[Dict[str, SlurmAllocation]] = None) -> List[Result]:
     """Run ``job`` (or ``job(target)``) on every target, at most ``parallel`` at a time.
 
     ``on_result`` sees each result as it arrives (for --save and progress); the returned list
     is in target order. One slow or dead target delays no other target's report.
-    ``on_progress``: see ``run_one`` (called from the worker threads)."""
+    ``on_progress``: see ``run_one`` (called from the worker threads).
+    ``keep_allocations``: Slurm allocations by login target name, reused when there and kept
+    there when granted here, not released at the end: the caller (a runbook, whose steps share
+    them) releases them. Without it each run allocates and releases its own."""
     job_for = job if callable(job) else (lambda target: job)
     own_pool = pool is None
     pool = pool or SshPool()
@@ -179,7 +183,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     ex = ThreadPoolExecutor(max_workers=workers)
     allocations: List[SlurmAllocation] = []
     try:
-        planned = _plan(targets, job_for, pool, ex, allocations)
+        planned = _plan(targets, job_for, pool, ex, allocations, keep_allocations)
         results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
         # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs
         with ThreadPoolExecutor(max_workers=max(1, workers // 2)) as resolver:
@@ -221,8 +225,10 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
         # On Ctrl-C: drop queued targets; closing the pool below ends the running ones
         # (their runtimes see stdin close and kill the diagnostics).
         ex.shutdown(wait=False, cancel_futures=True)
+        kept = list((keep_allocations or {}).values())
         for allocation in allocations:
-            allocation.release()
+            if not any(allocation is k for k in kept):
+                allocation.release()
         if own_pool:
             pool.close()
 
@@ -231,12 +237,16 @@ Placed = Tuple[Target, Optional[SrunStep]]   # a target, and the Slurm step it r
 
 
 def _plan(targets: Sequence[Target], job_for, pool: SshPool, ex,
-          allocations: List[SlurmAllocation]) -> List[Union[Placed, Result]]:
+          allocations: List[SlurmAllocation],
+          keep: Optional[Dict[str, SlurmAllocation]] = None) -> List[Union[Placed, Result]]:
     """What runs: each target as it is, except that a Slurm login target becomes one row per
-    node of its allocation (or, with none, its failure as its own row)."""
+    node of its allocation (or, with none, its failure as its own row). ``keep``: allocations
+    to reuse (by target name), and where a new one that was granted is put."""
     diagnostic_of = {}
 
     def allocation_for(t: Target) -> SlurmAllocation:
+        if keep is not None and t.name in keep:
+            return keep[t.name]          # granted for an earlier step: allocate() returns at once
         job = job_for(t)
         queue_timeout = job.timeout if job.timeout is not None else t.timeout
         allocation = SlurmAllocation(t, lambda: transport_for(t, pool), queue_timeout, CLIENT_GRACE_S)
@@ -248,6 +258,8 @@ def _plan(targets: Sequence[Target], job_for, pool: SshPool, ex,
         if not isinstance(item, SlurmAllocation):
             planned.append((item, None))
         elif item.failure is None:
+            if keep is not None:
+                keep[item.target.name] = item
             planned.extend((row.target, row.step) for row in item.rows)
         else:
             planned.append(_allocation_failed(item, diagnostic_of[id(item)]))

@@ -178,6 +178,10 @@ class SlurmAllocation:
         return self.target.name.split(":", 1)[0]
 
     def allocate(self) -> "SlurmAllocation":
+        """Ask for the allocation (once: an allocation granted for an earlier step of a
+        runbook is returned as it is)."""
+        if self.rows and self.failure is None and not self._released:
+            return self
         started = time.monotonic()
         try:
             self.rows = [NodeRow(replace(self.target, name=f"{self.base}:{node}"),

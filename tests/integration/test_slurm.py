@@ -132,10 +132,15 @@ def test_interpreter_and_env_settings_apply_inside_the_allocation(lab, tmp_path)
 
 
 def test_node_health_runbook_on_a_slurm_cluster(lab, hosts_file, tmp_path):
-    """Each step of a runbook on a Slurm login target gets its own allocation; every node is a
-    row of every step, and no allocation is left behind."""
+    """The steps of a runbook on a Slurm login target share one allocation (one salloc, one
+    scancel at the end); every node is a row of every step, and no allocation is left behind."""
+    recorded = tmp_path / "commands.jsonl"
     r = mldiag("runbook", "node-health", "--hosts-file", str(hosts_file), "-H", "cluster-a",
-               "--format", "json", "--save", str(tmp_path / "out"))
+               "--format", "json", "--save", str(tmp_path / "out"),
+               env={"MLDIAG_RECORD_COMMANDS": str(recorded)})
+    lines = [json.loads(line)["line"] for line in recorded.read_text().splitlines()]
+    assert sum(" salloc " in f" {line} " for line in lines) == 1, lines
+    assert sum(" scancel " in f" {line} " for line in lines) == 1, lines
     doc = json.loads(r.stdout)
     rows = [f"cluster-a:n{i}" for i in range(1, 5)]
     ran = {step["id"]: {res["target"]: res["status"] for res in step["results"]} for step in doc["steps"]}

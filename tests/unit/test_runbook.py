@@ -200,7 +200,7 @@ class FakeFleet:
         self.calls = []     # (task, [target names])
         self.argv = {}      # (task, target) -> argv
 
-    def __call__(self, targets, job_for, *, parallel, pool, on_result):
+    def __call__(self, targets, job_for, *, parallel, pool, on_result, keep_allocations=None):
         task = None
         results = []
         for target in targets:
