@@ -1291,6 +1291,30 @@ def collect_nvml(api, how, data, findings):
 # --------------------------------------------------------------------------- kernel log
 
 
+class Background(object):
+    """``fn()`` in a thread from now on; ``result()`` waits for it and returns its value (or
+    raises what it raised)."""
+
+    def __init__(self, fn):
+        import threading
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="mldiag-" + fn.__name__)
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            self._value = fn()
+        except BaseException as e:      # handed to the caller, with its traceback
+            self._error = e
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
     """(source, text) from /dev/kmsg, dmesg or journalctl -k; (None, why) when none is readable."""
     why = []
@@ -1704,6 +1728,8 @@ def run(args) -> dict:
         smi = args.nvidia_smi if os.path.exists(args.nvidia_smi) else shutil.which(args.nvidia_smi)
     else:
         smi = find_tool("nvidia-smi")
+    # the live kernel log is read while nvidia-smi answers (each can take a second on a big node)
+    live_log = Background(read_kernel_log) if not (args.no_kernel_log or args.kernel_log_file) else None
     if smi:
         collect_nvidia_smi(smi, args.timeout, data, findings, parse_known(args.known))
     else:
@@ -1727,7 +1753,7 @@ def run(args) -> dict:
             except OSError as e:
                 source, text = None, "%s: %s" % (args.kernel_log_file, e.strerror or e)
         else:
-            source, text = read_kernel_log()
+            source, text = live_log.result()
         if source is None:
             data["kernel_log"] = {"source": None, "error": text}
         else:

@@ -1075,6 +1075,39 @@ def test_help_works_standalone():
         assert opt in p.stdout
 
 
+def test_the_live_kernel_log_is_read_while_nvidia_smi_answers(smi_env, monkeypatch):
+    """No timing: nvidia-smi is asked only once the kernel-log reader has started, which
+    happens in time only if the two run at once (read after nvidia-smi, it would never start)."""
+    import threading
+    reading = threading.Event()
+    real_collect = gs.collect_nvidia_smi
+
+    def collect(*a, **kw):
+        assert reading.wait(timeout=10), "the kernel log was not being read while nvidia-smi was asked"
+        return real_collect(*a, **kw)
+
+    def read_log():
+        reading.set()
+        return "dmesg", "[ 5.0] NVRM: Xid (PCI:0000:19:00): 79, pid=1, GPU has fallen off the bus.\n"
+
+    monkeypatch.setattr(gs, "collect_nvidia_smi", collect)
+    monkeypatch.setattr(gs, "read_kernel_log", read_log)
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H200)
+    monkeypatch.setattr(gs, "visible_command", lambda pid, name: None)
+    r = gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE)]))
+    assert r["data"]["kernel_log"]["source"] == "dmesg" and r["data"]["gpu_count"] >= 1
+    assert ("fail", "xid-fatal") in codes(r)
+
+
+def test_a_kernel_log_reader_that_crashes_is_a_crash_of_the_diagnostic(smi_env, monkeypatch):
+    def read_log():
+        raise RuntimeError("broken reader")
+    monkeypatch.setattr(gs, "read_kernel_log", read_log)
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H200)
+    with pytest.raises(RuntimeError, match="broken reader"):
+        gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE)]))
+
+
 @pytest.mark.parametrize("path", [SCRIPT, FAKE], ids=["gpu_status.py", "fake-nvidia-smi"])
 def test_python38_syntax_and_stdlib_only(path):
     src = path.read_text(encoding="utf-8")
@@ -1086,7 +1119,7 @@ def test_python38_syntax_and_stdlib_only(path):
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "argparse", "errno", "json", "os", "re", "shutil", "signal", "subprocess", "sys",
-               "time", "ctypes", "pynvml", "importlib"}
+               "time", "ctypes", "pynvml", "importlib", "threading"}
     assert imported <= allowed, imported - allowed
     assert "diagnostics" not in imported
     for newer in ("removeprefix", "removesuffix", "functools.cache", "zoneinfo", "graphlib"):
