@@ -9,20 +9,22 @@ change. Wrong or stale memory is never wrong data: the target checks the driver 
 falls back to asking.
 
 The file is ``nvidia-smi.json`` in ``$MLDIAG_CACHE_DIR``, else ``$XDG_CACHE_HOME/mldiag``, else
-``~/.cache/mldiag``: a directory of our own (0700; one that is a link or someone else's is not
-used), written whole through a private temporary file and a rename, read only if it is a
-regular file of ours. What targets said is validated before it is kept (it is sent back to the
+``~/.cache/mldiag``: written as ``--save DIR`` is (``savedir.SaveDir``: a 0700 directory of our
+own, never a link nor one others can write; a fresh ``O_EXCL|O_NOFOLLOW`` temp file renamed
+over the name), read only if it is a regular file of ours. What targets said is validated before it is kept (it is sent back to the
 same target only). Best effort: a cache that cannot be read or written is simply not used.
 """
 
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+from .errors import InputError
+from .savedir import SaveDir
 
 FILE = "nvidia-smi.json"
 MAX_BYTES = 4 * 1024 * 1024
@@ -41,11 +43,9 @@ def cache_dir() -> Optional[Path]:
     return Path(home) / ".cache" / "mldiag" if home and home != "~" else None
 
 
-def _own_dir(path: Path, create: bool) -> bool:
-    """A directory of ours, not a link (made 0700 when ``create``)."""
+def _own_dir(path: Path) -> bool:
+    """A directory of ours, not a link."""
     try:
-        if create:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
     except OSError:
         return False
@@ -68,7 +68,7 @@ def entry(raw: Any) -> Optional[Dict[str, Any]]:
 
 def load(directory: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:
     directory = directory or cache_dir()
-    if directory is None or not _own_dir(directory, create=False):
+    if directory is None or not _own_dir(directory):
         return {}
     try:
         fd = os.open(directory / FILE, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -123,7 +123,7 @@ def remember(results: Sequence[Any], directory: Optional[Path] = None) -> None:
     """Keep what the results taught (merged into what the file holds now); never raises."""
     new = {r.target: e for r, e in ((r, learnt(r)) for r in results) if e is not None}
     directory = directory or cache_dir()
-    if not new or directory is None or not _own_dir(directory, create=True):
+    if not new or directory is None:
         return
     merged = load(directory)
     if all(merged.get(name, {}).get(k) == e[k] for name, e in new.items() for k in ("driver", "cuda", "fields")):
@@ -131,16 +131,9 @@ def remember(results: Sequence[Any], directory: Optional[Path] = None) -> None:
     merged.update(new)
     if len(merged) > MAX_TARGETS:
         merged = dict(sorted(merged.items(), key=lambda kv: kv[1]["seen"])[-MAX_TARGETS:])
-    temp = directory / f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                     0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(merged, f, separators=(",", ":"))
-        os.replace(temp, directory / FILE)
-    except OSError:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
+    try:                                # --save's writer: 0700 dir of ours, O_EXCL|O_NOFOLLOW + rename
+        with SaveDir.open(str(directory)) as cache:
+            cache.write_json(FILE, merged)
+    except (InputError, OSError):
+        pass
     _loaded.pop(str(directory), None)

@@ -378,7 +378,9 @@ def _analyse(per_target, world_size):
         findings.append({"level": "fail", "code": "fr-ranks-diverge", "action": "none",
                          "message": _diverge_message(d, dumps),
                          "hint": "the ranks behind never called the collective the others wait "
-                                 "in: their stacks show where they are instead"})
+                                 "in: their stacks show where they are instead",
+                         # where the finding belongs: the targets of the ranks behind
+                         "targets": list(dict.fromkeys(dumps[r].target for r in d.behind if r in dumps))})
     if len(found) > MAX_FINDINGS:
         rest = found[MAX_FINDINGS:]
         findings.append({"level": "fail", "code": "fr-ranks-diverge", "action": "none",

@@ -73,14 +73,9 @@ def _flight_recorder(results: Sequence[Result]):
     world = max(set(sizes), key=sizes.count) if sizes else None
     findings, view = stacks_fr.analyse(per_target, world_size=world)
     senders = list(dict.fromkeys(t for t, _ in per_target))
-    try:
-        dumps = stacks_fr.merge(per_target)[0]
-        behind = list(dict.fromkeys(dumps[rank].target for d in stacks_fr.divergences(dumps, world).diverged
-                                    for rank in d.behind if rank in dumps))
-    except Exception:          # analyse said what it could; place its findings on every sender
-        behind = []
-    placed = [(f, behind if f["code"] == "fr-ranks-diverge" and behind else senders)
-              for f in findings if f.get("level") != "info"]
+    # a divergence goes to the targets of the ranks behind (analyse names them), the rest to
+    # every target that sent dumps
+    placed = [(f, f.get("targets") or senders) for f in findings if f.get("level") != "info"]
     return placed, view
 
 
