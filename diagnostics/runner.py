@@ -11,7 +11,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import bundle, redact, wire
+from . import bundle, redact, shards, wire
 from .errors import InputError
 from .hops import chain_for, local, transport_for
 from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
@@ -166,7 +166,8 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
              parallel: int = DEFAULT_PARALLEL, pool: Optional[SshPool] = None,
              on_result: Optional[Callable[[Result], None]] = None,
              on_progress: Optional[OnProgress] = None,
-             keep_allocations: Optional[Dict[str, SlurmAllocation]] = None) -> List[Result]:
+             keep_allocations: Optional[Dict[str, SlurmAllocation]] = None,
+             workers: Optional[int] = None) -> List[Result]:
     """Run ``job`` (or ``job(target)``) on every target, at most ``parallel`` at a time.
 
     ``on_result`` sees each result as it arrives (for --save and progress); the returned list
@@ -174,8 +175,19 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     ``on_progress``: see ``run_one`` (called from the worker threads).
     ``keep_allocations``: Slurm allocations by login target name, reused when there and kept
     there when granted here, not released at the end: the caller (a runbook, whose steps share
-    them) releases them. Without it each run allocates and releases its own."""
+    them) releases them. Without it each run allocates and releases its own.
+    ``workers``: worker processes to spread the targets over (``shards.py``); None: as many as
+    the fan-out is worth (``$MLDIAG_WORKERS`` overrides), and never with a caller's pool or
+    allocations."""
     job_for = job if callable(job) else (lambda target: job)
+    if workers is None:
+        workers = 1 if pool is not None or keep_allocations is not None else \
+            shards.worker_count(targets, shards.requested_workers())
+    elif workers > 1:
+        workers = shards.worker_count(targets, workers)
+    if workers > 1:
+        return shards.run(targets, job_for, workers, parallel=parallel, run_many=run_many,
+                          on_result=on_result, on_progress=on_progress)
     own_pool = pool is None
     pool = pool or SshPool()
     # NOTE: each target in flight holds descriptors; past RLIMIT_NOFILE they fail with EMFILE
