@@ -55,6 +55,11 @@ class Sample:
 _current: Dict[str, Optional[int]] = {"pgid": None}
 
 
+def current_pgid() -> Optional[int]:
+    """The process group of the command `timed` is running now (None between commands)."""
+    return _current["pgid"]
+
+
 def kill_current() -> None:
     """Kill the process group of the command being timed, if any (Ctrl-C, SIGTERM)."""
     pgid = _current["pgid"]
@@ -199,17 +204,25 @@ def _port_free_on_all(addresses: Sequence[str]) -> int:
     raise BenchError(f"no port free on all of {addresses[0]}..{addresses[-1]}")
 
 
+def fleet_address(n: int) -> str:
+    """The n-th loopback address from 127.0.0.1 on, skipping each /24's .0 and .255: 127.0.0.254
+    is n=254, 127.0.1.1 the next (the bench's first target is n=101)."""
+    block, host = divmod(n - 1, 254)
+    return f"127.{block >> 8 & 255}.{block & 255}.{host + 1}"
+
+
 def start_fleet(lab, count: int, first: int = 101, prefix: str = "t") -> List[FleetTarget]:
-    """`count` targets on 127.0.0.FIRST.. served by ceil(count/16) real sshds; the servers join
-    `lab.servers` (so `lab.close()` stops them and a crashed run's are reaped like the lab's)."""
-    if first + count - 1 > 254:
-        raise BenchError("too many fleet targets for 127.0.0.0/24")
+    """`count` targets on 127.0.0.FIRST.. (on into 127.0.1.x past .254) served by
+    ceil(count/16) real sshds; the servers join `lab.servers` (so `lab.close()` stops them and a
+    crashed run's are reaped like the lab's)."""
+    if first + count - 1 > 254 * 256:
+        raise BenchError("too many fleet targets for 127.0.0.0/16")
     version = sshd.openssh_version()
     setenv = {"PATH": lab.path, **lab.session_env}
     targets: List[FleetTarget] = []
     width = max(2, len(str(count)))
     for g, start in enumerate(range(0, count, MAX_LISTEN)):
-        addresses = [f"127.0.0.{first + i}" for i in range(start, min(count, start + MAX_LISTEN))]
+        addresses = [fleet_address(first + i) for i in range(start, min(count, start + MAX_LISTEN))]
         d = lab.dir / "sshd" / f"fleet{g}"
         d.mkdir(parents=True)
         s = FleetServer(name=f"fleet{g}", address=addresses[0], port=0, dir=d, generous=True)

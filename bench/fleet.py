@@ -17,6 +17,9 @@ machine drift hits every command alike:
   gpu-2call           (--gpu-sizes, default 16) the ssh-c25519 loop running a probe that asks
                       nvidia-smi gpu-status's question by hand in two calls (query-gpu,
                       query-compute-apps), next to mldiag gpu-status on the same targets
+at --big-sizes (default 256; loopback addresses run on into 127.0.1.x) the ssh-c25519 loop next
+to mldiag run-script --parallel N, in worker processes (one per core, the default) and in one
+process (MLDIAG_WORKERS=1), the tree's summed RSS sampled;
 and, for 8 containers on one host (the lab's CT 200 behind `main`, `become: sudo`, `runtime: pct`,
 eight entries with the same id), the two mldiag commands next to 8 parallel
 `ssh main sudo -n pct exec 200 -- /root/venv/bin/python - < probe.py`, counting the SSH
@@ -24,7 +27,13 @@ connections each run opens (the sshd's LogLevel VERBOSE log). At 64 targets it r
 RSS of the mldiag process. Prints one table: medians, minimums, ratios against the references,
 the command tree's CPU time, the server side's CPU time (the sshd listeners' reaped children),
 the rest of the machine's CPU time meanwhile, and connections per run. A full run takes about
-9 minutes on 2 cores; it stops by itself and tears everything down, also on Ctrl-C.
+13 minutes on 2 cores; it stops by itself and tears everything down, also on Ctrl-C.
+
+    .venv/bin/python bench/fleet.py --targets 1000     (as root)
+
+is the scale run instead: `mldiag run-script probe.py -H 't[0001-1000]' --parallel 256` over 1,000
+targets on 63 sshds, --runs times (default 1) after a warm-up on 64 of them; it prints wall time,
+the client's CPU, the largest process's peak RSS and the peak of the whole tree's summed RSS.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +58,7 @@ from typing import Callable, Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (PROBE, REPO, BenchError, ConnectionCounter, Sample, bytecode_env,  # noqa: E402
-                    children_cpu, fleet_files, kill_current, load_avg, machine_busy, process_cpu,
+                    children_cpu, current_pgid, fleet_files, kill_current, load_avg, machine_busy, process_cpu,
                     start_fleet, timed)
 from tests.lab import Lab  # noqa: E402
 from tests.lab.util import (LabError, LabUnavailable, all_pids, cmdline, kill_all,  # noqa: E402
@@ -60,7 +70,8 @@ C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
 REFS = ("ssh", "ssh-c25519", "ansible", "gpu-2call")
 # DESIGN.md §7 and issue 14: (size, reference) -> the ratio goal for mldiag's rows
 GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1, ("32", "ansible"): 0.25,
-         ("16", "gpu-2call"): 1.3}
+         ("16", "gpu-2call"): 1.3, ("256", "ssh-c25519"): 1.3}
+ONE_PROCESS = "mldiag run-script 1p"   # the 256 row's mldiag in one process (MLDIAG_WORKERS=1)
 
 
 def gpu_probe() -> str:
@@ -93,7 +104,9 @@ class Case:
     prepare: Optional[Callable[[Dict[str, str]], Dict[str, str]]] = None   # per-run env
     after: Optional[Callable[[], float]] = None    # returns CPU seconds to add (detached helpers)
     check: Optional[Callable[[Sample], None]] = None                       # warm-up validation
+    tree_rss: bool = False        # sample the summed RSS of the command's process tree
     samples: List[Sample] = field(default_factory=list)
+    tree_rss_kb: List[int] = field(default_factory=list)
     server_cpu: List[float] = field(default_factory=list)
     conns: List[int] = field(default_factory=list)
     other_cpu: List[float] = field(default_factory=list)
@@ -290,6 +303,17 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
         cases.append(Case(size, "mldiag gpu-status", [mldiag, "gpu-status", "-H", "cluster-a"], env=env,
                           check=check_all_ok(rows)))
 
+    for n in args.big_sizes:
+        size, names = str(n), aliases[:n]
+        outdir = work / "out" / f"big{size}"
+        outdir.mkdir(parents=True)
+        cases.append(Case(size, "ssh-c25519", ssh_loop(cfg, names, ["python3", "-"], probe, outdir, C25519),
+                          env=env, check=check_json_files(outdir, names)))
+        argv = [mldiag, "run-script", str(probe), "-H", node_set(names), "--parallel", str(n)]
+        cases.append(Case(size, "mldiag run-script", argv, env=env, check=check_all_ok(names), tree_rss=True))
+        cases.append(Case(size, ONE_PROCESS, argv, env=dict(env, MLDIAG_WORKERS="1"),
+                          check=check_all_ok(names), tree_rss=True))
+
     if args.rss_targets:
         size = str(args.rss_targets)
         names = aliases[:args.rss_targets]
@@ -301,6 +325,43 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                               check=check_json_files(outdir, names)))
         mldiag_rows(size, names, only_gpu=args.quick)
     return cases
+
+
+def node_set(names: List[str]) -> str:
+    """t001..t256 as `t[001-256]` (one -H argument, as a user writes it)."""
+    width = len(names[0]) - 1
+    return f"t[{names[0][1:]}-{names[-1][1:]}]" if all(len(n) - 1 == width for n in names) \
+        else ",".join(names)
+
+
+class TreeRss:
+    """The peak of the summed RSS of a process group (the timed command's session: mldiag and
+    its worker processes), sampled every 50 ms while it runs."""
+
+    def __init__(self, pgid: int):
+        self.pgid, self.peak_kb = pgid, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+        while not self.stop.wait(0.05):
+            total = 0
+            for pid in all_pids():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[2]) == self.pgid:          # field 5: pgrp
+                    total += int(fields[21]) * page_kb   # field 24: rss in pages
+            self.peak_kb = max(self.peak_kb, total)
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.peak_kb
 
 
 def hosts_yaml(aliases: List[str], ct_names: List[str], slurm_nodes: int = 0) -> str:
@@ -332,9 +393,18 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
     cpu0 = children_cpu(listeners)
     busy0 = machine_busy()
     extra_cpu = 0.0
+    sampler = None
+    if case.tree_rss:
+        sampler = threading.Thread(target=lambda: _watch_tree(holder), daemon=True)
+        holder: Dict[str, object] = {}
+        sampler.start()
     try:
         sample = timed(case.argv, case.stdin, env, str(REPO))
     finally:
+        if sampler is not None:
+            holder["done"] = True
+            sampler.join()
+            case.tree_rss_kb.append(int(holder.get("peak", 0)))
         if case.after:
             extra_cpu = case.after()
     sample.cpu += extra_cpu
@@ -346,6 +416,19 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
     case.server_cpu.append(children_cpu(listeners) - cpu0)
     case.other_cpu.append(max(0.0, busy - sample.cpu - case.server_cpu[-1]))
     case.conns.append(counter.take())
+
+
+def _watch_tree(holder: Dict[str, object]) -> None:
+    """For run_case: waits for the timed command to start, then samples its tree's RSS."""
+    while current_pgid() is None and not holder.get("done"):
+        time.sleep(0.005)
+    pgid = current_pgid()
+    if pgid is None:
+        return
+    tree = TreeRss(pgid)
+    while not holder.get("done"):
+        time.sleep(0.02)
+    holder["peak"] = tree.close()
 
 
 def med(values):
@@ -394,7 +477,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
         if ref not in row:
             continue
         refm = med([s.wall for s in row[ref].samples])
-        for name in ("mldiag gpu-status", "mldiag run-script"):
+        for name in ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS):
             if name in row and not (ref == "gpu-2call" and name != "mldiag gpu-status"):
                 r = med([s.wall for s in row[name].samples]) / refm
                 goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<18} "
@@ -410,6 +493,12 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                     out.append(f"{size} on one host, {name}: SSH connections per run {counts} "
                                f"(goal: exactly 1 -> {'met' if set(counts) == {1} else 'NOT met'}); "
                                f"the ssh loop opens {int(med(row['ssh'].conns))}")
+    for size, row in by_size.items():
+        for name, c in row.items():
+            if c.tree_rss_kb:
+                out.append(f"{size} targets, {name}: peak RSS of the whole tree (mldiag and its "
+                           f"workers, summed) {max(c.tree_rss_kb) / 1024:.1f} MiB; largest process "
+                           f"{max(s.maxrss_kb for s in c.samples) / 1024:.1f} MiB")
     rss_size = str(args.rss_targets) if args.rss_targets else None
     if rss_size and rss_size in by_size:
         for name in ("mldiag gpu-status", "mldiag run-script"):
@@ -421,6 +510,40 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
     return "\n".join(out)
 
 
+def scale_run(args, lab, targets, work: Path) -> int:
+    """--targets N: mldiag run-script over all N fleet targets, --runs times after a warm-up on
+    64 of them; wall, client CPU, peak RSS (largest process; whole tree summed), server and other
+    CPU, and the ok count, one line per run."""
+    cfg = fleet_files(lab, targets, work)
+    probe = work / "probe.py"
+    probe.write_text(PROBE)
+    aliases = [t.alias for t in targets]
+    hosts_file = work / "hosts.yaml"
+    hosts_file.write_text(hosts_yaml(aliases, []))
+    mldiag = shutil.which("mldiag", path=str(Path(sys.executable).parent)) or "mldiag"
+    env = bytecode_env(dict(os.environ, MLDIAG_SSH_CONFIG=str(cfg), MLDIAG_HOSTS_FILE=str(hosts_file),
+                            MLDIAG_CACHE_DIR=str(work / "cache")), work / "pycache")
+    servers = [s for s in lab.servers.values() if s.name.startswith("fleet")]
+    counter = ConnectionCounter(servers)
+    parallel = str(min(256, len(aliases)))
+    warm = Case("64", "warm-up", [mldiag, "run-script", str(probe), "-H", node_set(aliases[:64])], env=env,
+                check=check_all_ok(aliases[:64]))
+    run_case(warm, servers, counter, check=True)
+    case = Case(str(len(aliases)), "mldiag run-script",
+                [mldiag, "run-script", str(probe), "-H", node_set(aliases), "--parallel", parallel],
+                env=env, check=check_all_ok(aliases), tree_rss=True)
+    print(f"{len(aliases)} targets on {len(servers)} sshds, --parallel {parallel}, {os.cpu_count()} CPUs; "
+          f"load average {load_avg()}", flush=True)
+    for r in range(args.runs):
+        run_case(case, servers, counter, check=True)
+        s = case.samples[-1]
+        print(f"run {r + 1}: wall {s.wall:.2f} s, client CPU {s.cpu:.2f} s, peak RSS largest process "
+              f"{s.maxrss_kb / 1024:.1f} MiB, whole tree {case.tree_rss_kb[-1] / 1024:.1f} MiB; "
+              f"server CPU {case.server_cpu[-1]:.1f} s, other CPU {case.other_cpu[-1]:.1f} s; "
+              f"{case.conns[-1]} connections; all {len(aliases)} ok", flush=True)
+    return 0
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -429,6 +552,10 @@ def parse_args():
     ap.add_argument("--sizes", default=None, help="target counts, comma list (default 1,8,32; --quick: 1,8)")
     ap.add_argument("--gpu-sizes", default="16",
                     help="target counts for gpu-status next to a two-call nvidia-smi ssh loop (default 16)")
+    ap.add_argument("--big-sizes", default="256",
+                    help="target counts for the worker-process rows (default 256; 0: skip)")
+    ap.add_argument("--targets", type=int, default=0,
+                    help="the scale run instead of the table: this many targets (e.g. 1000)")
     ap.add_argument("--containers", type=int, default=8, help="containers of one host (0: skip)")
     ap.add_argument("--rss-targets", type=int, default=64, help="targets for the peak-RSS rows (0: skip)")
     ap.add_argument("--no-ansible", action="store_true", help="skip the ansible reference")
@@ -438,10 +565,13 @@ def parse_args():
                     help="3 runs, sizes 1,8, only gpu-status at the RSS size (2-3 minutes)")
     ap.add_argument("--save", help="write every sample as JSON to this file")
     args = ap.parse_args()
-    args.runs = args.runs or (3 if args.quick else 5)
+    args.runs = args.runs or (1 if args.targets else 3 if args.quick else 5)
     sizes = args.sizes or ("1,8" if args.quick else "1,8,32")
     args.sizes = sorted({int(s) for s in sizes.split(",") if s.strip()})
-    args.gpu_sizes = sorted({int(s) for s in args.gpu_sizes.split(",") if s.strip()})
+    args.gpu_sizes = sorted({int(s) for s in args.gpu_sizes.split(",") if s.strip() and int(s)})
+    args.big_sizes = sorted({int(s) for s in args.big_sizes.split(",") if s.strip() and int(s)})
+    if args.quick:
+        args.big_sizes = []
     if args.runs < 1 or any(n < 1 for n in args.sizes):
         ap.error("--runs and --sizes must be positive")
     return args
@@ -466,9 +596,11 @@ def main() -> int:
         ansible = None if args.no_ansible else ensure_ansible()
         lab = Lab.start(strict=False)
         work = Path(tempfile.mkdtemp(prefix="mldiag-fleet-", dir=lab.dir))
-        count = max(args.sizes + args.gpu_sizes + [args.rss_targets])
+        count = args.targets or max(args.sizes + args.gpu_sizes + args.big_sizes + [args.rss_targets])
         targets = start_fleet(lab, count)
         aliases = [t.alias for t in targets]
+        if args.targets:
+            return scale_run(args, lab, targets, work)
         ct_names = []
         if args.containers:
             if "lxc" in lab.unavailable:

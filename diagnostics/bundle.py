@@ -3,9 +3,11 @@ runtime reads.  The wire format itself (bootstrap, payload framing, result frame
 ``diagnostics/wire.py``; the names re-exported below keep older callers working.
 """
 
+import hashlib
 import os
 import secrets
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import wire
@@ -25,6 +27,13 @@ def _read_runtime() -> bytes:
 _RUNTIME = _read_runtime()
 
 
+@lru_cache(maxsize=128)
+def code_digest(source: bytes) -> str:
+    """SHA-256 (hex) of one of our own files, the name it has in a target's code cache
+    (scripts/_stage_a.py)."""
+    return hashlib.sha256(source).hexdigest()
+
+
 @dataclass(frozen=True)
 class Job:
     """One diagnostic run, independent of where it runs."""
@@ -40,6 +49,9 @@ class Job:
     # place (same connection, same Slurm allocation): stacks ships py-spy only to a target
     # that said it has none. The second job's follow_up is not consulted.
     follow_up: Optional[Callable[[Any], Optional["Job"]]] = field(default=None, compare=False)
+    # mldiag's own code (script_job: the script and its companions), which a target may keep
+    # compiled in its code cache; a user's script (run-script) never is.
+    own_code: bool = False
 
 
 # Files a script imports or reads from its own directory, shipped beside it in the bundle
@@ -65,25 +77,33 @@ def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
     name = diagnostic.replace("-", "_") + ".py"
     extra = {companion: _read_script_file(companion) for companion in COMPANIONS.get(diagnostic, ())}
     extra.update(kw.pop("extra_files", {}))
+    kw.setdefault("own_code", True)
     return Job(diagnostic=diagnostic, script_name=name, script_source=_read_script_file(name),
                argv=tuple(argv), extra_files=extra, **kw)
 
 
 def build_header(job: Job, *, target: str, timeout: float, env: Dict[str, str],
                  activate: Sequence[str], python: str, nonce: str,
-                 tmpdir: Optional[str] = None) -> dict:
+                 tmpdir: Optional[str] = None, code_cache: bool = False) -> dict:
+    """``code_cache``: the target may keep our code compiled (hosts.yaml ``code_cache``); the
+    header then names the digest of the job's script when it is one of ours (``code_digests``;
+    the runtime's own digest rides on its length line, see ``build_payload``)."""
     header = {"v": 1, "nonce": nonce, "diagnostic": job.diagnostic, "target": target,
               "mode": job.mode, "script": job.script_name, "argv": list(job.argv),
               "env": dict(env), "timeout": timeout, "keep": job.keep_remote,
               "activate": list(activate), "python": python}
     if tmpdir:
         header["tmpdir"] = tmpdir
+    if code_cache:
+        header["code_digests"] = {job.script_name: code_digest(job.script_source)} if job.own_code else {}
     return header
 
 
 def build_payload(header: dict, files: Dict[str, bytes]) -> bytes:
-    """The bytes written to the bootstrap's stdin: stage A, our runtime, the header, the files."""
-    return wire.build_payload(_RUNTIME, header, files)
+    """The bytes written to the bootstrap's stdin: stage A, our runtime (with its digest when the
+    header allows the target's code cache), the header, the files."""
+    digest = code_digest(_RUNTIME) if "code_digests" in header else ""
+    return wire.build_payload(_RUNTIME, header, files, runtime_digest=digest)
 
 
 def new_nonce() -> str:

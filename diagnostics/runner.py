@@ -111,7 +111,8 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
         nonce = bundle.new_nonce()
         header = bundle.build_header(job, target=target.name, timeout=timeout,
                                      env=target.env_dict, activate=target.activate,
-                                     python=target.python, nonce=nonce, tmpdir=target.tmpdir)
+                                     python=target.python, nonce=nonce, tmpdir=target.tmpdir,
+                                     code_cache=target.code_cache)
         watch, relay = {}, None   # no progress asked for: the transport is called as before
         if on_progress is not None:
             header = dict(header, progress=True)

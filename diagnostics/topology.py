@@ -114,6 +114,7 @@ class Target:
     expect: Tuple[Tuple[str, int], ...] = ()
     slurm: Optional[Slurm] = None
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
+    code_cache: bool = True                 # the target may keep mldiag's own code compiled (scripts/_stage_a.py)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
 
     @property
@@ -466,6 +467,7 @@ def _keep(value: Any, at: At) -> Any:
 
 _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "user": expect_argument, "port": expect_port, "python": _interpreter, "tmpdir": _directory, "timeout": expect_seconds,
+    "code_cache": expect_boolean,
     "connect_timeout": expect_seconds, "identity_file": _identity_file,
     "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,
@@ -482,10 +484,10 @@ _WRITTEN_AS_TEXT = ("id",)   # a number here is a name: keep its spelling
 TOP_KEYS = ("defaults", "hosts", "groups", "runbooks")
 CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_timeout",
                    "host_key_policy")
-RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir")
+RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "targets",
                  "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
-                 "expect")
+                 "code_cache", "expect")
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
     "models", "gpus", "expect", "containers", "slurm")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
@@ -710,6 +712,7 @@ def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -
                   env=tuple(settings.get("env", {}).items()),
                   timeout=settings.get("timeout", 300.0), models=settings.get("models", ()),
                   gpus=settings.get("gpus"), tmpdir=settings.get("tmpdir"),
+                  code_cache=settings.get("code_cache", True),
                   source=(source.file, source.line), **placement)
 
 

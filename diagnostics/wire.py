@@ -6,10 +6,11 @@ characters no shell treats specially inside single quotes, so every login shell 
 fish, csh) passes it through untouched.  Everything else rides in the payload written to the
 exec channel's stdin:
 
-    len\\n STAGE_A · len\\n _runtime.py · len\\n header JSON · len\\n the files, concatenated
+    len\\n STAGE_A · len [sha256]\\n _runtime.py · len\\n header JSON · len\\n the files, concatenated
 
-(the header's ``files`` lists each file's name and size, in order).  Stage A checks the
-interpreter version before anything 3.8-only is compiled.
+(the header's ``files`` lists each file's name and size, in order).  Stage A
+(``scripts/_stage_a.py``) checks the interpreter version before anything 3.8-only is compiled,
+then loads the runtime, through the target's code cache when its line names its digest.
 
 Inbound: the runtime prints one frame, ``BEGIN nonce`` · the result JSON · ``END nonce``, last
 on stdout.  ``read_result`` finds it in linear time, bounds its size and nesting depth before
@@ -35,6 +36,7 @@ it repeats the frame markers, and ``tests/unit/test_wire.py`` checks that both a
 """
 
 import json
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -47,19 +49,15 @@ FRAME_END = "@@MLDIAG-RESULT-END %s@@"
 PROGRESS_MARK = "@@MLDIAG-PROGRESS %s@@ "
 
 # Runs under whatever python3 the target has (py3.0+ syntax only): refuse < 3.8 in a way the
-# client recognises, then load the runtime from the stream and hand it the rest of stdin.
-STAGE_A = """\
-import sys
-if sys.version_info < (3, 8):
-    sys.stdout.write("\\n%s %s %s@@\\n" % ("@@MLDIAG-OLD-PYTHON", ".".join(map(str, sys.version_info[:3])), sys.executable))
-    sys.stdout.flush()
-    raise SystemExit(0)
-src = b.read(int(b.readline()))
-g = {"__name__": "mldiag_runtime", "__builtins__": __builtins__}
-exec(compile(src, "mldiag/_runtime.py", "exec"), g)
-g["RUNTIME_SOURCE"] = src
-g["main"](b)
-"""
+# client recognises, then load the runtime from the stream (through the target's code cache when
+# the runtime's length line names its digest) and hand it the rest of stdin.
+def _read_stage_a() -> str:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "_stage_a.py"),
+              encoding="utf-8") as f:
+        return f.read()
+
+
+STAGE_A = _read_stage_a()
 
 # Characters a shell leaves alone inside single quotes, in every common shell (csh: no '!').
 _FORBIDDEN_IN_BOOT = set("'\"\\!$`\n")
@@ -96,14 +94,21 @@ def _part(data: bytes) -> bytes:
     return str(len(data)).encode("ascii") + b"\n" + data
 
 
-def build_payload(runtime: bytes, header: dict, files: Dict[str, bytes]) -> bytes:
+def build_payload(runtime: bytes, header: dict, files: Dict[str, bytes],
+                  runtime_digest: str = "") -> bytes:
     """The bytes written to the bootstrap's stdin. Files are plain concatenated bytes (no zip:
     its import and parse cost every target CPU time); the header says where each one ends,
-    under its ``files`` key (reserved: a header that has one already is a bug of the caller)."""
+    under its ``files`` key (reserved: a header that has one already is a bug of the caller).
+    ``runtime_digest``: the runtime's SHA-256 (hex) after its length, for the target's code
+    cache (stage A); empty: the target compiles it."""
     if "files" in header:
         raise ValueError("the header's 'files' key is the payload's own (the files' sizes)")
+    if runtime_digest and not re.fullmatch(r"[0-9a-f]{64}", runtime_digest):
+        raise ValueError(f"not a SHA-256 digest: {runtime_digest!r}")
     header = dict(header, files=[[name, len(data)] for name, data in files.items()])
-    return b"".join((_part(STAGE_A.encode("utf-8")), _part(runtime),
+    runtime_part = (str(len(runtime)).encode("ascii") + b" " + runtime_digest.encode("ascii") + b"\n"
+                    + runtime) if runtime_digest else _part(runtime)
+    return b"".join((_part(STAGE_A.encode("utf-8")), runtime_part,
                      _part(json.dumps(header).encode("utf-8")), _part(b"".join(files.values()))))
 
 
@@ -112,7 +117,7 @@ def parse_payload(payload: bytes) -> Tuple[str, bytes, dict, Dict[str, bytes]]:
     parts, rest = [], payload
     for _ in range(4):
         size, _, rest = rest.partition(b"\n")
-        n = int(size)
+        n = int(size.split(b" ")[0])   # the runtime's line may name its digest after the size
         if len(rest) < n:
             raise ValueError(f"payload truncated: a part of {n} bytes has {len(rest)}")
         parts.append(rest[:n])

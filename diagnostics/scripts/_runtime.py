@@ -3,8 +3,8 @@
 It arrives on the target through the exec channel's stdin, after a fixed one-line bootstrap
 (``python3 -c BOOT``, see ``diagnostics/bundle.py``), so nothing but that constant ever crosses a
 shell.  Wire format after the bootstrap, each part preceded by its byte length and a newline:
-``stage A`` (version guard) · this file · header JSON · the diagnostic and any
-extra files.  The channel's stdin then stays open: when it closes (the client went away or the
+``stage A`` (version guard and code cache, ``_stage_a.py``) · this file · header JSON · the
+diagnostic and any extra files.  The channel's stdin then stays open: when it closes (the client went away or the
 user pressed Ctrl-C), every process of the diagnostic is killed.
 
 What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
@@ -639,12 +639,23 @@ def describe_exception(exc):
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
 
 
-def _run_path(path, run_name):
+def _compiled(path, digest):
+    """The code of the file at ``path``: through stage A's code cache (``load_code``, in our
+    globals when stage A started us) when the client named the file's ``digest``, else compiled."""
+    with open(path, "rb") as f:
+        source = f.read()
+    load = globals().get("load_code")
+    if load is not None and digest:
+        return load(source, path, digest)
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def _run_path(path, run_name, digest=""):
     """runpy.run_path for a plain .py file, without runpy's imports (pkgutil, typing,
     importlib.util: ~5 ms of CPU on every target). The module is in sys.modules under
-    ``run_name`` while it runs (pickle and multiprocessing find ``__main__`` classes there)."""
-    with open(path, "rb") as f:
-        code = compile(f.read(), path, "exec", dont_inherit=True)
+    ``run_name`` while it runs (pickle and multiprocessing find ``__main__`` classes there).
+    ``digest``: see ``_compiled``."""
+    code = _compiled(path, digest)
     module = type(sys)(run_name)
     module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None,
                            __spec__=None)
@@ -679,12 +690,13 @@ def run_child(header, tmpdir, dir_fd=None, progress_fd=None):
         os.chdir(tmpdir)
         sys.argv = [script] + argv
         sys.path.insert(0, tmpdir)
+        digests = header.get("code_digests") or {}
         _install_log_capture(records, ProgressPipe(progress_fd) if progress_fd is not None else None,
                              header.get("mode") == "script")
         if header.get("mode") == "script":
-            _run_path(script, "__main__")
+            _run_path(script, "__main__", digests.get(header["script"], ""))
         else:
-            module = _run_path(script, "mldiag_diagnostic")
+            module = _run_path(script, "mldiag_diagnostic", digests.get(header["script"], ""))
             args = module["build_parser"]().parse_args(argv)
             outcome["doc"] = module["run"](args)
     except SystemExit as exc:

@@ -1076,6 +1076,7 @@ FIELD_VALUES = {
     "partition": st.just("gpu"), "nodes": st.integers(1, 4), "gpus_per_node": st.integers(0, 8),
     "time": st.sampled_from(["00:10:00", 10]), "account": st.just("ml"),
     "nodelist": st.just("n[1-4]"), "reservation": st.sampled_from(["maint", "a b"]), "tmpdir": st.sampled_from(["/scratch/tmp", "tmp", "/a b"]),
+    "code_cache": st.sampled_from([True, False, "no"]),
     "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
                               st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
 }

@@ -146,7 +146,8 @@ def test_the_transport_is_handed_only_the_bootstrap_and_the_payload(monkeypatch)
     assert header == {"v": 1, "diagnostic": "run-script", "target": "rec", "mode": "script",
                       "script": "probe-name.py", "argv": ["--flag", "a b", "$HOME"],
                       "env": {"SECRET_TOKEN": "s3cr3t-value", "PLAIN": "v"}, "timeout": 42,
-                      "keep": False, "activate": [], "python": sys.executable}
+                      "keep": False, "activate": [], "python": sys.executable,
+                      "code_digests": {}}   # a user's script is never kept in a code cache
     assert not any("probe-name" in token or "s3cr3t" in token for token in argv)
 
 
