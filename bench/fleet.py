@@ -18,8 +18,8 @@ machine drift hits every command alike:
                       nvidia-smi gpu-status's question by hand in two calls (query-gpu,
                       query-compute-apps), next to mldiag gpu-status on the same targets
 at --big-sizes (default 256; loopback addresses run on into 127.0.1.x) the ssh-c25519 loop next
-to mldiag run-script --parallel N, in worker processes (one per core, the default) and in one
-process (MLDIAG_WORKERS=1), the tree's summed RSS sampled;
+to mldiag run-script (at its default --parallel 32; --parallel P), in worker processes (one per core, the default) and in one
+process (MLDIAG_WORKERS=1), the tree's summed PSS sampled;
 and, for 8 containers on one host (the lab's CT 200 behind `main`, `become: sudo`, `runtime: pct`,
 eight entries with the same id), the two mldiag commands next to 8 parallel
 `ssh main sudo -n pct exec 200 -- /root/venv/bin/python - < probe.py`, counting the SSH
@@ -31,9 +31,10 @@ the rest of the machine's CPU time meanwhile, and connections per run. A full ru
 
     .venv/bin/python bench/fleet.py --targets 1000     (as root)
 
-is the scale run instead: `mldiag run-script probe.py -H 't[0001-1000]' --parallel 256` over 1,000
-targets on 63 sshds, --runs times (default 1) after a warm-up on 64 of them; it prints wall time,
-the client's CPU, the largest process's peak RSS and the peak of the whole tree's summed RSS.
+is the scale run instead: over 1,000 targets on 63 sshds, --runs times (default 1) after a warm-up
+on 64 of them, the ssh-c25519 loop next to `mldiag run-script probe.py -H 't[0001-1000]'` in worker
+processes and in one; it prints wall time, the client's CPU, the largest process's peak RSS and
+the peak of the whole tree's summed PSS.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Case:
     prepare: Optional[Callable[[Dict[str, str]], Dict[str, str]]] = None   # per-run env
     after: Optional[Callable[[], float]] = None    # returns CPU seconds to add (detached helpers)
     check: Optional[Callable[[Sample], None]] = None                       # warm-up validation
-    tree_rss: bool = False        # sample the summed RSS of the command's process tree
+    tree_rss: bool = False        # sample the summed PSS of the command's process tree
     samples: List[Sample] = field(default_factory=list)
     tree_rss_kb: List[int] = field(default_factory=list)
     server_cpu: List[float] = field(default_factory=list)
@@ -309,7 +310,8 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
         outdir.mkdir(parents=True)
         cases.append(Case(size, "ssh-c25519", ssh_loop(cfg, names, ["python3", "-"], probe, outdir, C25519),
                           env=env, check=check_json_files(outdir, names)))
-        argv = [mldiag, "run-script", str(probe), "-H", node_set(names), "--parallel", str(n)]
+        argv = [mldiag, "run-script", str(probe), "-H", node_set(names)] + \
+            (["--parallel", str(args.parallel)] if args.parallel else [])
         cases.append(Case(size, "mldiag run-script", argv, env=env, check=check_all_ok(names), tree_rss=True))
         cases.append(Case(size, ONE_PROCESS, argv, env=dict(env, MLDIAG_WORKERS="1"),
                           check=check_all_ok(names), tree_rss=True))
@@ -335,8 +337,9 @@ def node_set(names: List[str]) -> str:
 
 
 class TreeRss:
-    """The peak of the summed RSS of a process group (the timed command's session: mldiag and
-    its worker processes), sampled every 50 ms while it runs."""
+    """The peak of the summed memory of a process group (the timed command's session: mldiag,
+    its worker processes, their `ssh -G` children), sampled every 50 ms while it runs: PSS, in
+    which a page shared by n processes (a forked worker's copy-on-write pages) counts 1/n."""
 
     def __init__(self, pgid: int):
         self.pgid, self.peak_kb = pgid, 0
@@ -355,13 +358,25 @@ class TreeRss:
                 except OSError:
                     continue
                 if int(fields[2]) == self.pgid:          # field 5: pgrp
-                    total += int(fields[21]) * page_kb   # field 24: rss in pages
+                    total += _pss_kb(pid, int(fields[21]) * page_kb)
             self.peak_kb = max(self.peak_kb, total)
 
     def close(self) -> int:
         self.stop.set()
         self.thread.join()
         return self.peak_kb
+
+
+def _pss_kb(pid: int, rss_kb: int) -> int:
+    """The process's PSS from /proc/PID/smaps_rollup (its RSS where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss_kb
 
 
 def hosts_yaml(aliases: List[str], ct_names: List[str], slurm_nodes: int = 0) -> str:
@@ -419,7 +434,7 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
 
 
 def _watch_tree(holder: Dict[str, object]) -> None:
-    """For run_case: waits for the timed command to start, then samples its tree's RSS."""
+    """For run_case: waits for the timed command to start, then samples its tree's PSS."""
     while current_pgid() is None and not holder.get("done"):
         time.sleep(0.005)
     pgid = current_pgid()
@@ -496,8 +511,9 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
     for size, row in by_size.items():
         for name, c in row.items():
             if c.tree_rss_kb:
-                out.append(f"{size} targets, {name}: peak RSS of the whole tree (mldiag and its "
-                           f"workers, summed) {max(c.tree_rss_kb) / 1024:.1f} MiB; largest process "
+                out.append(f"{size} targets, {name}: peak memory of the whole tree (mldiag, its "
+                           f"workers and their children, PSS summed) {max(c.tree_rss_kb) / 1024:.1f} "
+                           f"MiB; largest process RSS "
                            f"{max(s.maxrss_kb for s in c.samples) / 1024:.1f} MiB")
     rss_size = str(args.rss_targets) if args.rss_targets else None
     if rss_size and rss_size in by_size:
@@ -511,9 +527,11 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
 
 
 def scale_run(args, lab, targets, work: Path) -> int:
-    """--targets N: mldiag run-script over all N fleet targets, --runs times after a warm-up on
-    64 of them; wall, client CPU, peak RSS (largest process; whole tree summed), server and other
-    CPU, and the ok count, one line per run."""
+    """--targets N: over all N fleet targets, after a warm-up on 64 of them, --runs times each:
+    the ssh-c25519 loop (one `ssh &` per target), mldiag run-script (--parallel P) in worker
+    processes (the default) and in one process (MLDIAG_WORKERS=1). One line per run: wall,
+    client CPU, peak memory (largest process RSS; the tree's summed PSS), server and other CPU,
+    connections, and the wall ratio against the loop of the same round."""
     cfg = fleet_files(lab, targets, work)
     probe = work / "probe.py"
     probe.write_text(PROBE)
@@ -525,22 +543,34 @@ def scale_run(args, lab, targets, work: Path) -> int:
                             MLDIAG_CACHE_DIR=str(work / "cache")), work / "pycache")
     servers = [s for s in lab.servers.values() if s.name.startswith("fleet")]
     counter = ConnectionCounter(servers)
-    parallel = str(min(256, len(aliases)))
+    parallel = [] if not args.parallel else ["--parallel", str(args.parallel)]
+    size = str(len(aliases))
     warm = Case("64", "warm-up", [mldiag, "run-script", str(probe), "-H", node_set(aliases[:64])], env=env,
                 check=check_all_ok(aliases[:64]))
     run_case(warm, servers, counter, check=True)
-    case = Case(str(len(aliases)), "mldiag run-script",
-                [mldiag, "run-script", str(probe), "-H", node_set(aliases), "--parallel", parallel],
-                env=env, check=check_all_ok(aliases), tree_rss=True)
-    print(f"{len(aliases)} targets on {len(servers)} sshds, --parallel {parallel}, {os.cpu_count()} CPUs; "
+    outdir = work / "out" / "scale"
+    outdir.mkdir(parents=True)
+    argv = [mldiag, "run-script", str(probe), "-H", node_set(aliases)] + parallel
+    loop = work / "ssh_loop.sh"    # 1,000 lines are past one argument's limit for `bash -c`
+    loop.write_text(ssh_loop(cfg, aliases, ["python3", "-"], probe, outdir, C25519)[2])
+    cases = [Case(size, "ssh-c25519", ["bash", str(loop)], env=env, check=check_json_files(outdir, aliases),
+                  tree_rss=True),
+             Case(size, "mldiag run-script", argv, env=env, check=check_all_ok(aliases), tree_rss=True),
+             Case(size, ONE_PROCESS, argv, env=dict(env, MLDIAG_WORKERS="1"), check=check_all_ok(aliases),
+                  tree_rss=True)]
+    print(f"{size} targets on {len(servers)} sshds, mldiag {' '.join(parallel) or 'at its default --parallel'}, "
+          f"{os.cpu_count()} CPUs; "
           f"load average {load_avg()}", flush=True)
     for r in range(args.runs):
-        run_case(case, servers, counter, check=True)
-        s = case.samples[-1]
-        print(f"run {r + 1}: wall {s.wall:.2f} s, client CPU {s.cpu:.2f} s, peak RSS largest process "
-              f"{s.maxrss_kb / 1024:.1f} MiB, whole tree {case.tree_rss_kb[-1] / 1024:.1f} MiB; "
-              f"server CPU {case.server_cpu[-1]:.1f} s, other CPU {case.other_cpu[-1]:.1f} s; "
-              f"{case.conns[-1]} connections; all {len(aliases)} ok", flush=True)
+        for case in cases:
+            run_case(case, servers, counter, check=True)
+            s = case.samples[-1]
+            ratio = s.wall / cases[0].samples[-1].wall
+            print(f"run {r + 1} {case.name:<20} wall {s.wall:6.2f} s ({ratio:.2f}× the loop), client CPU "
+                  f"{s.cpu:5.2f} s, largest process {s.maxrss_kb / 1024:5.1f} MiB RSS, whole tree "
+                  f"{case.tree_rss_kb[-1] / 1024:6.1f} MiB PSS; server CPU {case.server_cpu[-1]:.1f} s, "
+                  f"other CPU {case.other_cpu[-1]:.1f} s; {case.conns[-1]} connections; load {load_avg()}",
+                  flush=True)
     return 0
 
 
@@ -556,6 +586,9 @@ def parse_args():
                     help="target counts for the worker-process rows (default 256; 0: skip)")
     ap.add_argument("--targets", type=int, default=0,
                     help="the scale run instead of the table: this many targets (e.g. 1000)")
+    ap.add_argument("--parallel", type=int, default=0,
+                    help="mldiag's --parallel in the --big-sizes rows and the --targets run "
+                         "(default: mldiag's own, 32)")
     ap.add_argument("--containers", type=int, default=8, help="containers of one host (0: skip)")
     ap.add_argument("--rss-targets", type=int, default=64, help="targets for the peak-RSS rows (0: skip)")
     ap.add_argument("--no-ansible", action="store_true", help="skip the ansible reference")
