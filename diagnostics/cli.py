@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence, TextIO, Union
 
-from . import live, nodeset, render, runner, termination, topology
+from . import live, nodeset, render, runner, shards, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
 from .outcome import Outcome
@@ -183,6 +183,7 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     if callable(job):
         for target in targets:   # every target's job is checked before anything runs
             job(target)
+    shards.requested_workers()                 # a bad $MLDIAG_WORKERS is bad input here too
     save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
 
     def job_for(target: Target) -> Job:

@@ -88,7 +88,10 @@ def test_parallel_is_shared_out_exactly():
 
 
 @pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
-def test_a_bad_worker_count_is_bad_input(text):
+def test_a_bad_worker_count_is_bad_input(text, tmp_path):
+    proc = mldiag("ping", "-H", "local", "--save", tmp_path / "saved", env={"MLDIAG_WORKERS": text})
+    assert proc.returncode == 4 and "$MLDIAG_WORKERS must be a whole number" in proc.stderr
+    assert not (tmp_path / "saved").exists()      # refused before anything, no DIR left
     with pytest.raises(InputError, match=r"\$MLDIAG_WORKERS must be a whole number"):
         shards.requested_workers({"MLDIAG_WORKERS": text})
     assert shards.requested_workers({}) is None
