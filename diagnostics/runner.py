@@ -22,6 +22,7 @@ from .results import Result
 from .topology import Target
 
 DEFAULT_PARALLEL = 32
+RESOLVERS = 16   # `ssh -G` children at once while a run resolves its targets' endpoints
 # Beyond the target-side timeout, how long the client waits before giving up on a silent link.
 CLIENT_GRACE_S = 15.0
 # on_progress(target name, record): a record from wire.ProgressReader, or None when the target
@@ -198,8 +199,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     try:
         planned = _plan(targets, job_for, pool, ex, allocations, keep_allocations)
         results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
-        # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs
-        with ThreadPoolExecutor(max_workers=max(1, workers // 2)) as resolver:
+        # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs, and
+        # at most RESOLVERS (128 at once at --parallel 256 was about 1 GB of short-lived children)
+        with ThreadPoolExecutor(max_workers=max(1, min(workers // 2, RESOLVERS))) as resolver:
             endpoints = list(resolver.map(lambda p: _endpoint_of(p, pool), planned))
         for endpoint in endpoints:
             if endpoint is not None:
