@@ -388,6 +388,28 @@ def test_many_targets_report_progress_from_their_own_threads(tmp_path):
         assert seen[t.name][1]["text"].startswith("hello from")
 
 
+def test_progress_crosses_from_worker_processes_alike():
+    """A sharded run (diagnostics/shards.py) passes each target's progress back to this process:
+    the start, then the output line, for every target, secrets masked in the worker."""
+    targets = [Target(name=f"w{i}", local=True, python=sys.executable,
+                      env=(("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),)) for i in range(4)]
+    seen = {}
+    lock = threading.Lock()
+
+    def on_progress(name, record):
+        with lock:
+            seen.setdefault(name, []).append(record)
+
+    script = job("import os\nprint('from', os.environ['MLDIAG_TARGET'], os.environ['HF_TOKEN'], flush=True)\n")
+    results = runner.run_many(targets, script, on_progress=on_progress, workers=2)
+    assert all(r.status == "ok" for r in results)
+    for t in targets:
+        assert seen[t.name][0] is None                                    # started
+        assert seen[t.name][-1]["text"] == f"from {t.name} <redacted>"    # the latest line
+        output = [piece for record in seen[t.name][1:] for piece in record.get("output", [])]
+        assert [list(p) for p in output] == [["stdout", f"from {t.name} <redacted>\n"]]
+
+
 @pytest.mark.parametrize("spawned", [False, True])
 def test_progress_on_a_real_python_3_8(tmp_path, spawned):
     """The runtime's progress path is 3.8 code: forked, and exec'd with the pipe inherited."""
