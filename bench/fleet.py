@@ -337,18 +337,23 @@ def node_set(names: List[str]) -> str:
 
 
 class TreeRss:
-    """The peak of the summed memory of a process group (the timed command's session: mldiag,
-    its worker processes, their `ssh -G` children), sampled every 50 ms while it runs: PSS, in
-    which a page shared by n processes (a forked worker's copy-on-write pages) counts 1/n."""
+    """The peak of the summed memory of the process group of the command `timed` runs (mldiag,
+    its worker processes, their `ssh -G` children), sampled every 50 ms from when it starts
+    until `close`: PSS, in which a page shared by n processes (a forked worker's copy-on-write
+    pages) counts 1/n."""
 
-    def __init__(self, pgid: int):
-        self.pgid, self.peak_kb = pgid, 0
+    def __init__(self):
+        self.peak_kb = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+        while current_pgid() is None:        # the command is not started yet
+            if self.stop.wait(0.005):
+                return
+        pgid = current_pgid()
         while not self.stop.wait(0.05):
             total = 0
             for pid in all_pids():
@@ -357,7 +362,7 @@ class TreeRss:
                         fields = f.read().rsplit(")", 1)[1].split()
                 except OSError:
                     continue
-                if int(fields[2]) == self.pgid:          # field 5: pgrp
+                if int(fields[2]) == pgid:               # field 5: pgrp
                     total += _pss_kb(pid, int(fields[21]) * page_kb)
             self.peak_kb = max(self.peak_kb, total)
 
@@ -408,18 +413,12 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
     cpu0 = children_cpu(listeners)
     busy0 = machine_busy()
     extra_cpu = 0.0
-    sampler = None
-    if case.tree_rss:
-        sampler = threading.Thread(target=lambda: _watch_tree(holder), daemon=True)
-        holder: Dict[str, object] = {}
-        sampler.start()
+    tree = TreeRss() if case.tree_rss else None
     try:
         sample = timed(case.argv, case.stdin, env, str(REPO))
     finally:
-        if sampler is not None:
-            holder["done"] = True
-            sampler.join()
-            case.tree_rss_kb.append(int(holder.get("peak", 0)))
+        if tree is not None:
+            case.tree_rss_kb.append(tree.close())
         if case.after:
             extra_cpu = case.after()
     sample.cpu += extra_cpu
@@ -431,19 +430,6 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
     case.server_cpu.append(children_cpu(listeners) - cpu0)
     case.other_cpu.append(max(0.0, busy - sample.cpu - case.server_cpu[-1]))
     case.conns.append(counter.take())
-
-
-def _watch_tree(holder: Dict[str, object]) -> None:
-    """For run_case: waits for the timed command to start, then samples its tree's PSS."""
-    while current_pgid() is None and not holder.get("done"):
-        time.sleep(0.005)
-    pgid = current_pgid()
-    if pgid is None:
-        return
-    tree = TreeRss(pgid)
-    while not holder.get("done"):
-        time.sleep(0.02)
-    holder["peak"] = tree.close()
 
 
 def med(values):

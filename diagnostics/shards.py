@@ -236,6 +236,8 @@ def _collect(running: List[_Worker], results: List[Optional[Result]], on_result,
                 continue
             lines = (worker.buffer + chunk).split(b"\n")
             worker.buffer = lines.pop()
+            # NOTE: these lines are our own forked worker's, not a target's: each result in them
+            # was let in through wire.read_result there (bounded, checked, secrets masked)
             for line in lines:
                 _dispatch(worker, json.loads(line), results, on_result, on_progress)
     selector.close()
