@@ -14,6 +14,9 @@ machine drift hits every command alike:
   ansible             ansible -i INV all -m script -a probe.py -f N (its own venv: bench/.venv-ansible)
   mldiag run-script   mldiag run-script probe.py -H t01,...
   mldiag gpu-status   mldiag gpu-status -H t01,...
+  ssh-cm              N=1: ssh with ControlMaster auto, ControlPersist (the user's own ssh
+                      keeping its connection), next to mldiag run-script/gpu-status held:
+                      mldiag with the same ssh_config, so through its connection holder
   gpu-2call           (--gpu-sizes, default 16) the ssh-c25519 loop running a probe that asks
                       nvidia-smi gpu-status's question by hand in two calls (query-gpu,
                       query-compute-apps), next to mldiag gpu-status on the same targets
@@ -68,11 +71,15 @@ from tests.lab.util import (LabError, LabUnavailable, all_pids, cmdline, kill_al
 ANSIBLE_VENV = Path(__file__).resolve().parent / ".venv-ansible"
 CT_VENV_PYTHON = "/root/venv/bin/python"
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
-REFS = ("ssh", "ssh-c25519", "ansible", "gpu-2call")
+REFS = ("ssh", "ssh-c25519", "ansible", "gpu-2call", "ssh-cm")
 # DESIGN.md §7 and issue 14: (size, reference) -> the ratio goal for mldiag's rows
-GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1, ("32", "ansible"): 0.25,
-         ("16", "gpu-2call"): 1.3, ("256", "ssh-c25519"): 1.3}
-ONE_PROCESS = "mldiag run-script 1p"   # the 256 row's mldiag in one process (MLDIAG_WORKERS=1)
+GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("1", "ssh-cm"): 1.2, ("32", "ssh-c25519"): 1.1,
+         ("32", "ansible"): 0.25, ("16", "gpu-2call"): 1.3, ("256", "ssh-c25519"): 1.3}
+HELD = "mldiag run-script held"       # through the connection holder (ssh_config ControlPersist)
+HELD_GPU = "mldiag gpu-status held"
+PERSIST_S = 900    # the held rows' ControlPersist: longer than a round of the bench
+ONE_PROCESS = "mldiag run-script 1p"
+HELPERS: List["DetachedCpu"] = []   # ended when the bench ends   # the 256 row's mldiag in one process (MLDIAG_WORKERS=1)
 
 
 def gpu_probe() -> str:
@@ -178,6 +185,42 @@ def inventory(work: Path, aliases: List[str], name: str) -> Path:
     return p
 
 
+class DetachedCpu:
+    """CPU time of the long-lived helpers a run leaves behind and the next one uses (ssh's
+    ControlMaster, mldiag's connection holder): what they used during the run (prepare takes
+    the count before, after the difference; os.wait4 of the command does not see them)."""
+
+    def __init__(self, mark: str):
+        self.mark = mark
+        self.before: Dict[int, float] = {}
+
+    def _helpers(self) -> Dict[int, float]:
+        me = os.getpid()
+        return {p: process_cpu(p) for p in all_pids()
+                if p != me and self.mark in " ".join(cmdline(p) or [])}
+
+    def prepare(self, env: Dict[str, str]) -> Dict[str, str]:
+        self.before = self._helpers()
+        return env
+
+    def after(self) -> float:
+        return sum(cpu - self.before.get(p, 0.0) for p, cpu in self._helpers().items())
+
+    def end(self) -> None:
+        kill_all(list(self._helpers()))
+
+
+def held_files(work: Path, cfg: Path) -> Path:
+    """An ssh_config that keeps connections as a user's might (ControlMaster auto and
+    ControlPersist, sockets under work/cm), before the bench's own config."""
+    (work / "cm").mkdir(mode=0o700)
+    (work / "run").mkdir(mode=0o700)
+    held = work / "ssh_config_cm"
+    held.write_text(f"Host *\n  ControlMaster auto\n  ControlPath {work / 'cm'}/%C\n"
+                    f"  ControlPersist {PERSIST_S}\n\nInclude {cfg}\n")
+    return held
+
+
 # ---------------------------------------------------------------------------- cases
 
 def ssh_loop(cfg: Path, hosts: List[str], remote: List[str], probe: Path, outdir: Path,
@@ -256,6 +299,17 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
             for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
                 cases.append(Case(size, name, ["ssh", "-F", str(cfg), *extra, names[0], *remote],
                                   stdin=str(probe), env=env))
+            # the user's ssh keeping its connection, and mldiag told so by the same ssh_config
+            held_cfg = held_files(work, cfg)
+            master, holder = DetachedCpu(str(work / "cm")), DetachedCpu(str(work / "run"))
+            cases.append(Case(size, "ssh-cm", ["ssh", "-F", str(held_cfg), names[0], *remote],
+                              stdin=str(probe), env=env, prepare=master.prepare, after=master.after))
+            held_env = dict(env, MLDIAG_SSH_CONFIG=str(held_cfg), XDG_RUNTIME_DIR=str(work / "run"))
+            for name, task in ((HELD, ["run-script", str(probe)]), (HELD_GPU, ["gpu-status"])):
+                cases.append(Case(size, name, [mldiag, *task, "-H", names[0]], env=held_env,
+                                  prepare=holder.prepare, after=holder.after,
+                                  check=check_all_ok(names[:1])))
+            HELPERS.extend((master, holder))
         else:
             for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
                 cases.append(Case(size, name, ssh_loop(cfg, names, remote, probe, outdir, extra),
@@ -443,7 +497,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                f"{min(loads[1:]):.2f}..{max(loads[1:]):.2f} after each round (the bench's own "
                f"processes count there){lab_note}")
     head = (f"{'size':<6} {'command':<18} {'median s':>8} {'min s':>7} {'× ssh':>6} {'× c25519':>8} "
-            f"{'× ansible':>9} {'× 2call':>7} {'cli CPU':>7} {'srv CPU':>7} {'oth CPU':>7} {'conns':>5} "
+            f"{'× ansible':>9} {'× 2call':>7} {'× cm':>5} {'cli CPU':>7} {'srv CPU':>7} {'oth CPU':>7} {'conns':>5} "
             f"{'RSS MiB':>7}")
     out += [head, "-" * len(head)]
     by_size: Dict[str, Dict[str, Case]] = {}
@@ -459,6 +513,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                 return f"{m / refs[r]:.2f}" if r in refs and refs[r] > 0 else "-"
             out.append(f"{size:<6} {c.name:<18} {m:8.3f} {min(walls):7.3f} {ratio('ssh'):>6} "
                        f"{ratio('ssh-c25519'):>8} {ratio('ansible'):>9} {ratio('gpu-2call'):>7} "
+                       f"{ratio('ssh-cm'):>5} "
                        f"{med([s.cpu for s in c.samples]):7.2f} {med(c.server_cpu):7.2f} "
                        f"{med(c.other_cpu):7.2f} {int(med(c.conns)):>5} "
                        f"{max(s.maxrss_kb for s in c.samples) / 1024:7.1f}")
@@ -478,8 +533,10 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
         if ref not in row:
             continue
         refm = med([s.wall for s in row[ref].samples])
-        for name in ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS):
-            if name in row and not (ref == "gpu-2call" and name != "mldiag gpu-status"):
+        names = (HELD, HELD_GPU) if ref == "ssh-cm" else ("mldiag gpu-status",) \
+            if ref == "gpu-2call" else ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS)
+        for name in names:
+            if name in row:
                 r = med([s.wall for s in row[name].samples]) / refm
                 goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<18} "
                              f"{r:5.2f}× {ref:<10} (goal ≤ {goal}: {'met' if r <= goal else 'not met'})")
@@ -677,6 +734,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if ansible_runs is not None:
             ansible_runs.after()                        # an interrupted ansible run's masters
+        for helper in HELPERS:
+            helper.end()                                # ssh's master, mldiag's holder
         if lab is not None:
             lab.close()                                 # the fleet sshds are in lab.servers
         print(f"cleaned up ({time.monotonic() - t0:.0f}s in all)", file=sys.stderr)

@@ -17,6 +17,7 @@ from .hops import chain_for, local, transport_for
 from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
                         out_of_descriptors)
 from .hops.slurm import SlurmAllocation, SrunStep, allocate_all
+from .hops.held import HeldTransport
 from .hops.ssh import SshPool, SshTransport
 from .results import Result
 from .topology import Target
@@ -182,6 +183,9 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     the fan-out is worth (``$MLDIAG_WORKERS`` overrides), and never with a caller's pool or
     allocations."""
     job_for = job if callable(job) else (lambda target: job)
+    # NOTE: the connection holder (hops/held.py) is one process: a fan-out past one process's
+    # share (shards.py), and a worker's share of one, is faster with connections of its own.
+    hold = pool is None and workers is None and len(targets) <= shards.MIN_TARGETS_PER_WORKER
     if workers is None:
         workers = 1 if pool is not None or keep_allocations is not None else \
             shards.worker_count(targets, shards.requested_workers())
@@ -192,6 +196,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
                           on_result=on_result, on_progress=on_progress)
     own_pool = pool is None
     pool = pool or SshPool()
+    pool.hold = hold
     # NOTE: each target in flight holds descriptors; past RLIMIT_NOFILE they fail with EMFILE
     workers = max(1, min(parallel, 256, concurrent_runs_allowed()))
     ex = ThreadPoolExecutor(max_workers=workers)
@@ -299,4 +304,4 @@ def _endpoint_of(planned: Union[Placed, Result], pool: SshPool):
         transport = transport_for(planned[0], pool)
     except Exception:
         return None
-    return transport.endpoint if isinstance(transport, SshTransport) else None
+    return transport.endpoint if isinstance(transport, (SshTransport, HeldTransport)) else None

@@ -73,6 +73,7 @@ class SshHost:
     connect_timeout: float = 10.0
     host_key_policy: Optional[str] = None   # None: as ssh_config's StrictHostKeyChecking says
     jump: Optional["SshHost"] = None        # ProxyJump through this host (itself maybe jumped)
+    persist: Optional[float] = None         # seconds held between calls; None: as ssh_config says
 
 
 @dataclass(frozen=True)
@@ -461,6 +462,17 @@ def _nodelist(value: Any, at: At) -> str:
     return text
 
 
+PERSIST_MAX_S = 3600
+
+
+def _persist(value: Any, at: At) -> float:
+    """Seconds a connection is held between calls (hops/held.py): 0 holds none."""
+    if is_number(value) and 0 <= value <= PERSIST_MAX_S:
+        return float(value)
+    raise at.error(f"expected seconds from 0 (hold no connection) to {PERSIST_MAX_S}, got "
+                   f"{show(value)}")
+
+
 def _keep(value: Any, at: At) -> Any:
     return value
 
@@ -468,7 +480,7 @@ def _keep(value: Any, at: At) -> Any:
 _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "user": expect_argument, "port": expect_port, "python": _interpreter, "tmpdir": _directory, "timeout": expect_seconds,
     "code_cache": expect_boolean,
-    "connect_timeout": expect_seconds, "identity_file": _identity_file,
+    "connect_timeout": expect_seconds, "identity_file": _identity_file, "persist": _persist,
     "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,
     "models": _models, "gpus": expect_count, "expect": _expect, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
@@ -483,9 +495,9 @@ _WRITTEN_AS_TEXT = ("id",)   # a number here is a name: keep its spelling
 
 TOP_KEYS = ("defaults", "hosts", "groups", "runbooks")
 CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_timeout",
-                   "host_key_policy")
+                   "host_key_policy", "persist")
 RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
-DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "targets",
+DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "persist", "targets",
                  "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
                  "code_cache", "expect")
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
@@ -688,7 +700,8 @@ def _ssh_host(entry: _HostEntry, defaults: _Fields, jump: Optional[SshHost]) -> 
     return SshHost(name=entry.name, address=entry.address, port=settings.get("port"),
                    user=settings.get("user"), identity_file=settings.get("identity_file"),
                    connect_timeout=settings.get("connect_timeout", 10.0),
-                   host_key_policy=settings.get("host_key_policy"), jump=jump)
+                   host_key_policy=settings.get("host_key_policy"), jump=jump,
+                   persist=settings.get("persist"))
 
 
 def _inherit(*levels: Dict[str, Any]) -> Dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence
 from ..topology import SshHost, Target
 from .base import Classification, Transport, Wrapper
 from .containers import for_container
+from .held import HeldTransport
 from .interpreter import Interpreter
 from .local import LocalTransport
 from .slurm import SrunStep, SrunSteps
@@ -56,7 +57,9 @@ def transport_for(target: Target, pool: SshPool) -> Transport:
     connected: the pool connects on the first run)."""
     if target.local:
         return LocalTransport()
-    return SshTransport(resolve(target.host), pool, shown=_as_written(target.host))
+    direct = SshTransport(resolve(target.host), pool, shown=_as_written(target.host))
+    holder = pool.holder() if pool.hold and direct.endpoint.persist > 0 else None
+    return HeldTransport(direct, holder) if holder is not None else direct
 
 
 def chain_for(target: Target, pool: SshPool, step: Optional[SrunStep] = None) -> Chain:

@@ -19,19 +19,18 @@ import shlex
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
-
-import paramiko
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 if TYPE_CHECKING:   # imported for real where a connection is opened (see _open_now)
     import fabric
+    import paramiko
 
 from .. import wire
+from . import held
 from ..topology import is_safe_token
 from .base import (OnStdout, ProcessOutput, StreamCapture, Transport, TransportError,
                    concurrent_runs_allowed, descriptors_error, first_line, out_of_descriptors,
                    record_command)
-from .knownhosts import HostKeyRefused, trust_known_hosts
 from .sshconfig import Endpoint
 
 # NOTE: paramiko logs a failed handshake with its traceback at ERROR; with no handler
@@ -91,7 +90,7 @@ class PooledConnection:
         self.forgotten = False    # dropped from the pool's books (closed or about to be)
 
     @property
-    def transport(self) -> paramiko.Transport:
+    def transport(self) -> "paramiko.Transport":
         return self.connection.client.get_transport()
 
     @property
@@ -138,6 +137,20 @@ class SshPool:
         self.max_open = max_open or concurrent_runs_allowed()
         self.opened = 0      # connections made (tests and the bench count them)
         self.peak_open = 0   # most direct connections open at once
+        # Runs on endpoints with a persist may go through the user's connection holder
+        # (held.py); the runner says when (a fan-out small enough for one holder process).
+        self.hold = False
+        self._holder: Optional[held.Holder] = None
+        self._holder_looked = False
+
+    def holder(self) -> Optional["held.Holder"]:
+        """The user's connection holder (looked up once: its private directory made and
+        checked), or None when this pool does not hold or the directory is not private."""
+        with self._guard:
+            if self.hold and not self._holder_looked:
+                self._holder_looked = True
+                self._holder = held.Holder.for_user()
+            return self._holder if self.hold else None
 
     def _lock_for(self, key) -> threading.Lock:
         with self._guard:
@@ -207,6 +220,24 @@ class SshPool:
                 self._forget(via)
         if close:
             _close_quietly(via)
+
+    @property
+    def open_count(self) -> int:
+        with self._guard:
+            return len(self._conns)
+
+    def expire(self, stale: Callable[[PooledConnection], bool]) -> None:
+        """Close every idle connection ``stale`` says is done with (the connection holder's
+        ControlPersist: each closes after its time unused); the tunnelled ones first, so the
+        jump host's becomes idle in the same sweep."""
+        for tunnelled in (True, False):
+            with self._guard:
+                done = [p for p in self._conns.values()
+                        if p.idle and (p.via is not None) == tunnelled and stale(p)]
+                for pooled in done:
+                    self._forget(pooled)
+            for pooled in done:
+                _close_quietly(pooled)
 
     def get(self, ep: Endpoint) -> PooledConnection:
         """The connection, opened if needed, not marked in use (outside the accounting)."""
@@ -290,6 +321,7 @@ class SshPool:
     def _tunnel(self, ep: Endpoint):
         """A direct-tcpip channel through the jump host's pooled connection, and that
         connection (in use until ``_open`` hands the use over to the new connection)."""
+        import paramiko
         try:
             jump = self.acquire(ep.jump)
         except TransportError as exc:
@@ -332,6 +364,7 @@ class SshPool:
 
     @staticmethod
     def _proxy_command(ep: Endpoint):
+        import paramiko
         try:
             return paramiko.ProxyCommand(ep.proxy_command)
         except OSError as exc:
@@ -345,9 +378,13 @@ class SshPool:
                           "banner_timeout": ep.connect_timeout, "auth_timeout": ep.connect_timeout}
         if ep.identity_files:
             connect_kwargs["key_filename"] = list(ep.identity_files)
-        # NOTE: imported here, not at the top: Fabric brings Invoke, which the engine does not
-        # need until it opens an SSH connection (a local run, `inv hosts`, tests import less).
+        # NOTE: imported here, not at the top: paramiko and Fabric cost a process more than
+        # the rest of mldiag together (~80 ms here), and a run on this machine, `mldiag hosts`
+        # or a run through the connection holder (hops/held.py) opens no SSH connection.
         import fabric
+        import paramiko
+
+        from .knownhosts import HostKeyRefused, trust_known_hosts
         # An empty SSHConfig: ssh_config was already applied through `ssh -G`.
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
         conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port, config=config,
@@ -421,10 +458,13 @@ class SshTransport(Transport):
         return first + (f" (via {', '.join(reversed(via))})" if via else "")
 
     def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
-            close_stdin: bool = False, on_stdout: OnStdout = None) -> ProcessOutput:
+            close_stdin: bool = False, on_stdout: OnStdout = None,
+            stop: Optional[threading.Event] = None) -> ProcessOutput:
         """Run argv with ``payload`` on its stdin, kept open until the command ends (its EOF
         tells the runtime the client went away) unless ``close_stdin``.  Nothing here waits
-        past ``deadline``, the write of a payload the command never reads included."""
+        past ``deadline``, the write of a payload the command never reads included.
+        ``stop`` (the connection holder's): once set, the channel is closed within a second."""
+        import paramiko
         command = join_checked(argv)
         pooled = self.pool.acquire(self.endpoint)
         try:
@@ -440,7 +480,7 @@ class SshTransport(Transport):
                     raise TransportError("unreachable", f"{self.endpoint.describe()}: cannot start the "
                                          f"command: {exc or type(exc).__name__}")
                 try:
-                    return _exchange(chan, payload, deadline, close_stdin, on_stdout)
+                    return _exchange(chan, payload, deadline, close_stdin, on_stdout, stop)
                 finally:
                     chan.close()
                     if not pooled.alive:
@@ -452,6 +492,7 @@ class SshTransport(Transport):
         """Write ``data`` to ``path`` (mode 0600) over SFTP; where the host has no SFTP
         subsystem, through an exec channel's stdin into ``install -m 600 /dev/stdin PATH``
         (the path is ours and checked like every token; the data never touches a command line)."""
+        import paramiko
         pooled = self.pool.acquire(self.endpoint)
         try:
             with pooled.slots:
@@ -501,7 +542,7 @@ class _Streams:
         self.err = StreamCapture(wire.STDERR_HEAD, wire.STDERR_TAIL)
         self.on_stdout = on_stdout
 
-    def drain(self, chan: paramiko.Channel, rounds: int = 64) -> None:
+    def drain(self, chan: "paramiko.Channel", rounds: int = 64) -> None:
         """What has arrived, up to ``rounds`` reads per stream: a target that never stops
         writing still lets the caller look at its deadline."""
         for _ in range(rounds):
@@ -526,7 +567,8 @@ class _Streams:
 _SEND_WAIT_S = 0.2
 
 
-def _send(chan: paramiko.Channel, payload: bytes, deadline: float, streams: _Streams) -> bool:
+def _send(chan: "paramiko.Channel", payload: bytes, deadline: float, streams: _Streams,
+          stop: Optional[threading.Event] = None) -> bool:
     """Write ``payload`` before ``deadline`` (False if it passed first).  paramiko's
     ``sendall`` blocks for as long as the peer's window stays shut: a command that never
     reads its stdin held a large ``--put`` far past ``--timeout`` (issue 10 item 11)."""
@@ -535,7 +577,7 @@ def _send(chan: paramiko.Channel, payload: bytes, deadline: float, streams: _Str
         while offset < len(payload):
             streams.drain(chan)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (stop is not None and stop.is_set()):
                 return False
             chan.settimeout(min(remaining, _SEND_WAIT_S))
             try:
@@ -552,20 +594,26 @@ def _send(chan: paramiko.Channel, payload: bytes, deadline: float, streams: _Str
     return True
 
 
-def _exchange(chan: paramiko.Channel, payload: bytes, deadline: float,
-              close_stdin: bool, on_stdout: OnStdout = None) -> ProcessOutput:
+def _exchange(chan: "paramiko.Channel", payload: bytes, deadline: float,
+              close_stdin: bool, on_stdout: OnStdout = None,
+              stop: Optional[threading.Event] = None) -> ProcessOutput:
     streams = _Streams(on_stdout)
-    if not _send(chan, payload, deadline, streams):
-        return streams.output(timed_out=True)
+    if not _send(chan, payload, deadline, streams, stop):
+        return streams.output(timed_out=stop is None or not stop.is_set(), lost=_gone(stop))
     if close_stdin:
         try:
             chan.shutdown_write()
         except (OSError, EOFError):
             pass
-    return _collect(chan, deadline, streams)
+    return _collect(chan, deadline, streams, stop)
 
 
-def _collect(chan: paramiko.Channel, deadline: float, streams: _Streams) -> ProcessOutput:
+def _gone(stop: Optional[threading.Event]) -> Optional[str]:
+    return "mldiag's caller went away" if stop is not None and stop.is_set() else None
+
+
+def _collect(chan: "paramiko.Channel", deadline: float, streams: _Streams,
+             stop: Optional[threading.Event] = None) -> ProcessOutput:
     """Read stdout/stderr until the command ends, the link dies, or the deadline passes.
     stdin stays open throughout: its EOF would tell the runtime to stop the diagnostic."""
     # NOTE: a threading.Event that paramiko sets when data or EOF arrives -- not select() on
@@ -589,6 +637,8 @@ def _collect(chan: paramiko.Channel, deadline: float, streams: _Streams) -> Proc
                 continue
         if chan.closed or not chan.get_transport().is_active():
             return streams.output(lost="the SSH connection was closed")
+        if _gone(stop):
+            return streams.output(lost=_gone(stop))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return streams.output(timed_out=True)

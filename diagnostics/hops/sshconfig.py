@@ -10,12 +10,15 @@ import os
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import InputError
 from ..topology import SshHost
 
+# OpenSSH's ControlPersist=yes (or 0) keeps a master until it is told to exit; a held
+# connection here always expires (hops/held.py): "forever" is this long unused.
+PERSIST_FOREVER_S = 3600.0
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
@@ -35,6 +38,7 @@ class Endpoint:
     jump: Optional["Endpoint"] = None
     proxy_command: Optional[str] = None
     hash_known_hosts: bool = False     # ssh_config HashKnownHosts: accept-new writes hashed names
+    persist: float = 0.0               # seconds a connection is held unused between calls (held.py)
 
     @property
     def key(self) -> tuple:
@@ -119,6 +123,21 @@ def _strict(policy: Optional[str], g: Dict[str, List[str]]) -> str:
     return "yes"  # yes / ask / true: we cannot ask, so refuse an unknown key
 
 
+def persist_seconds(g: Dict[str, List[str]]) -> float:
+    """How long OpenSSH itself would keep this host's connection between calls: ControlPersist
+    (``ssh -G`` prints seconds, ``yes`` or ``no``), when ControlMaster makes a master at all."""
+    master = (_one(g, "controlmaster") or "no").lower()
+    value = (_one(g, "controlpersist") or "no").lower()
+    if master in ("no", "false") or value in ("no", "false"):
+        return 0.0
+    if value in ("yes", "true", "0"):
+        return PERSIST_FOREVER_S
+    try:
+        return min(max(float(value), 0.0), PERSIST_FOREVER_S)
+    except ValueError:
+        return 0.0
+
+
 def _split_jump(spec: str) -> Tuple[Optional[str], str, Optional[int]]:
     """``user@host:port`` → (user, host, port)."""
     user, _, rest = spec.rpartition("@")
@@ -155,8 +174,10 @@ def resolve(host: SshHost) -> Endpoint:
         spec = _one(g, "proxyjump")
         if spec:
             jump = _resolve_jump_spec(spec, host.connect_timeout)
-    return _endpoint(host.name, g, host.port, host.user, host.identity_file,
-                     host.host_key_policy, host.connect_timeout, jump)
+    endpoint = _endpoint(host.name, g, host.port, host.user, host.identity_file,
+                         host.host_key_policy, host.connect_timeout, jump)
+    persist = host.persist if host.persist is not None else persist_seconds(g)
+    return replace(endpoint, persist=persist) if persist else endpoint
 
 
 def _resolve_jump_spec(spec: str, connect_timeout: float) -> Endpoint:

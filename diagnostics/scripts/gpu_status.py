@@ -93,6 +93,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -1319,13 +1320,20 @@ def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
     """(source, text) from /dev/kmsg, dmesg or journalctl -k; (None, why) when none is readable."""
     why = []
     t0 = time.monotonic()
+    refused = False
     try:
         return "/dev/kmsg", _read_kmsg(t0 + budget_s)
     except OSError as e:
         why.append("/dev/kmsg: %s" % (e.strerror or e))
+        refused = e.errno in (errno.EPERM, errno.EACCES)
     for argv in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"]):
         exe = shutil.which(argv[0])
         left = t0 + budget_s - time.monotonic()
+        if exe and argv[0] == "dmesg" and refused and not _privileged(exe):
+            # kernel.dmesg_restrict refuses dmesg's syslog(2) as it refused /dev/kmsg: a
+            # process that can only fail (on every non-root call of an ordinary host)
+            why.append("dmesg: not run (dmesg_restrict: it reads the buffer /dev/kmsg refused)")
+            continue
         if not exe or left <= 0.2:
             why.append("%s: %s" % (argv[0], "not found" if not exe else "no time left"))
             continue
@@ -1335,6 +1343,17 @@ def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
         why.append("%s: %s" % (argv[0], "timed out" if run.timed_out else
                                 first_line(run.output) or "exit %s" % run.returncode))
     return None, "; ".join(why)
+
+
+def _privileged(exe):
+    """A setuid ``dmesg``, or one with file capabilities (CAP_SYSLOG), may read what we may not."""
+    try:
+        if os.stat(exe).st_mode & stat.S_ISUID:
+            return True
+        os.getxattr(exe, "security.capability")
+        return True
+    except (OSError, AttributeError):
+        return False
 
 
 def _read_kmsg(deadline):

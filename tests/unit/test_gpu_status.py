@@ -1169,3 +1169,35 @@ def test_nvidia_smi_exit_codes_have_their_action(code, action):
     run = types.SimpleNamespace(start_error=None, timed_out=False, returncode=code, output="", argv=["nvidia-smi"])
     f = gs.smi_failure(run, "--query-gpu", 10)
     assert (f["code"], f["action"]) == ("nvidia-smi-failed", action)
+
+
+@pytest.mark.parametrize("kmsg_errno,setuid,called", [
+    (1, False, ["journalctl"]),            # EPERM: dmesg_restrict; dmesg would be refused alike
+    (13, False, ["journalctl"]),           # EACCES
+    (2, False, ["dmesg", "journalctl"]),   # no /dev/kmsg (a container): dmesg may still read it
+    (1, True, ["dmesg", "journalctl"]),    # a setuid dmesg may read what we may not
+])
+def test_dmesg_is_not_run_where_dmesg_restrict_refused_the_kernel_log(
+        tmp_path, monkeypatch, kmsg_errno, setuid, called):
+    """The fake tools (tests/fakes/dmesg, one script for both names) log each call; their saved
+    log is empty, so the reader goes on to the next source and every call made is seen."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = ROOT / "tests" / "fakes" / "dmesg"
+    for name in ("dmesg", "journalctl"):
+        (bindir / name).write_bytes(fake.read_bytes())
+        (bindir / name).chmod(0o4755 if setuid and name == "dmesg" else 0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("MLDIAG_FAKE_KLOG_LOG", str(calls))
+    monkeypatch.setenv("MLDIAG_FAKE_KLOG", str(tmp_path / "empty.log"))
+    (tmp_path / "empty.log").write_text("")
+
+    def kmsg(deadline):
+        raise OSError(kmsg_errno, os.strerror(kmsg_errno))
+    monkeypatch.setattr(gs, "_read_kmsg", kmsg)
+    source, why = gs.read_kernel_log(budget_s=20)
+    made = [json.loads(line)[0] for line in calls.read_text().splitlines()]
+    assert made == called and source is None
+    assert why.startswith(f"/dev/kmsg: {os.strerror(kmsg_errno)}; dmesg: ")
+    assert ("dmesg: not run (dmesg_restrict" in why) == ("dmesg" not in called)

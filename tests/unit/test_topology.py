@@ -739,7 +739,7 @@ def test_slurm_time_in_minutes_and_formats():
 @pytest.mark.parametrize("field", topology.CONNECTION_KEYS)
 def test_connection_keys_are_errors_on_a_local_host(field):
     value = {"port": "22", "connect_timeout": "5", "host_key_policy": "strict",
-             "jump": "b"}.get(field, "x")
+             "jump": "b", "persist": "60"}.get(field, "x")
     assert str(error_of(f"hosts:\n  b: {{}}\n  here:\n    local: true\n    {field}: {value}\n")) \
         == f"hosts.yaml:5: hosts.here.{field}: not allowed on a local host (local: true runs " \
            "without SSH)"
@@ -1077,6 +1077,7 @@ FIELD_VALUES = {
     "time": st.sampled_from(["00:10:00", 10]), "account": st.just("ml"),
     "nodelist": st.just("n[1-4]"), "reservation": st.sampled_from(["maint", "a b"]), "tmpdir": st.sampled_from(["/scratch/tmp", "tmp", "/a b"]),
     "code_cache": st.sampled_from([True, False, "no"]),
+    "persist": st.sampled_from([0, 60, 2.5, -1, 4000, "60"]),
     "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
                               st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
 }

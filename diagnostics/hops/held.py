@@ -1,0 +1,245 @@
+"""Held SSH connections: a per-user holder process keeps authenticated connections open between
+mldiag calls, as OpenSSH's ``ControlMaster``/``ControlPersist`` does (``diagnostics/holder.py``
+is the holder; this is the client side and the wire both share).
+
+- Used for an endpoint whose ``persist`` is above 0: hosts.yaml ``persist: SECONDS``, else the
+  user's ssh_config (``ControlMaster auto`` with ``ControlPersist``), so mldiag keeps
+  connections exactly when the user's own ssh would.
+- ``HeldTransport`` wraps the direct ``SshTransport``. With no holder answering, the run goes
+  direct and a holder is started for the next call: the first call costs what it always did.
+  Through the holder a call imports neither paramiko nor Fabric and makes no handshake.
+- The socket lives in a directory private to the user (mode 0700, owned by the user, not a
+  link: checked before every use); the holder also checks each caller's uid (``SO_PEERCRED``).
+  Each connection closes after ``persist`` seconds unused, and the holder exits with its last.
+- A call's stdin never closes early: a caller that goes away (Ctrl-C, a crash) closes its
+  socket, and the holder then closes the channel, so the runtime stops the diagnostic.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from typing import Optional, Sequence
+
+from .base import OnStdout, ProcessOutput, StreamCapture, Transport, TransportError
+from .sshconfig import Endpoint
+from .. import wire
+
+PROTOCOL = 1
+MAX_HEADER = 1 << 20          # a request's or a result's JSON
+MAX_FRAME = 64 << 20          # one stream chunk or a final stream (bounded by wire.* anyway)
+# A caller waits this long past its run's deadline for the holder's answer.
+GRACE_S = 30.0
+
+_HEAD = struct.Struct(">cI")   # frame: kind, length
+
+
+# ------------------------------------------------------------------------------- the wire
+
+def send_frame(sock: socket.socket, kind: bytes, body: bytes) -> None:
+    sock.sendall(_HEAD.pack(kind, len(body)) + body)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the socket")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock: socket.socket, limit: int = MAX_FRAME):
+    kind, size = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+    if size > limit:
+        raise ValueError(f"a {kind!r} frame of {size} bytes (at most {limit})")
+    return kind, _recv_exact(sock, size)
+
+
+def endpoint_to_dict(ep: Endpoint) -> dict:
+    return asdict(ep)
+
+
+def endpoint_from_dict(d) -> Endpoint:
+    """The holder's one check of what a caller sent: every field of its type."""
+    if not isinstance(d, dict):
+        raise ValueError("endpoint: not an object")
+    jump = endpoint_from_dict(d["jump"]) if d.get("jump") is not None else None
+    texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
+    if not (isinstance(d.get("label"), str) and isinstance(d.get("hostname"), str)
+            and isinstance(d.get("user"), str) and isinstance(d.get("port"), int)
+            and texts(d.get("identity_files")) and texts(d.get("known_hosts"))
+            and texts(d.get("global_known_hosts")) and d.get("strict") in ("yes", "accept-new", "no")
+            and isinstance(d.get("connect_timeout"), (int, float))
+            and isinstance(d.get("proxy_command"), (str, type(None)))
+            and isinstance(d.get("hash_known_hosts"), bool)
+            and isinstance(d.get("persist", 0.0), (int, float))):
+        raise ValueError("endpoint: a field is missing or of the wrong type")
+    return Endpoint(label=d["label"], hostname=d["hostname"], port=d["port"], user=d["user"],
+                    identity_files=tuple(d["identity_files"]), known_hosts=tuple(d["known_hosts"]),
+                    global_known_hosts=tuple(d["global_known_hosts"]), strict=d["strict"],
+                    connect_timeout=float(d["connect_timeout"]), jump=jump,
+                    proxy_command=d["proxy_command"], hash_known_hosts=d["hash_known_hosts"],
+                    persist=float(d.get("persist", 0.0)))
+
+
+# ------------------------------------------------------------------------------- the place
+
+def private_dir() -> Optional[str]:
+    """The user's directory for the holder's socket, made if missing; None when it is not
+    private (another owner, group/other access, a link): then nothing is held."""
+    uid = os.geteuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = os.path.join(runtime, "mldiag") if runtime.startswith("/") and _private(runtime, uid) \
+        else f"/tmp/mldiag-{uid}"
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    return base if _private(base, uid) else None
+
+
+def _private(path: str, uid: int) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+
+
+def holder_name() -> str:
+    """One holder per mldiag code, Python and ssh-agent: a caller never talks to a holder of
+    other code, and a held connection authenticated through one agent serves only its users."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stamps = [str(os.stat(os.path.join(here, f)).st_mtime_ns)
+              for f in ("holder.py", "hops/held.py", "hops/ssh.py", "hops/knownhosts.py")]
+    key = "\0".join([str(PROTOCOL), sys.executable, os.environ.get("SSH_AUTH_SOCK", ""), *stamps])
+    return "holder-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def connect(path: str) -> Optional[socket.socket]:
+    """A socket to the holder at ``path``, or None when none answers there as this user."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+        if uid != os.geteuid():
+            raise OSError("the holder's socket belongs to another user")
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def start_holder(path: str, persist: float) -> None:
+    """A holder at ``path`` in its own session, not waited for: ``sh`` puts it in the
+    background and exits, so no child of ours is left to reap."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    boot = ("import sys; sys.path.insert(0, sys.argv[1]); from diagnostics import holder; "
+            "holder.main(sys.argv[2], float(sys.argv[3]))")
+    try:
+        subprocess.run(["/bin/sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", sys.executable,
+                        "-c", boot, package_parent, path, repr(persist)],
+                       start_new_session=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass    # nothing held: the next call goes direct too
+
+
+class Holder:
+    """This process's view of the user's holder: where it is, and whether it was started."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, holder_name() + ".sock")
+        self.started = False
+
+    @classmethod
+    def for_user(cls) -> Optional["Holder"]:
+        directory = private_dir()
+        return cls(directory) if directory is not None else None
+
+    def connect(self, persist: float) -> Optional[socket.socket]:
+        """The holder's socket; None (after starting one, once per process) when none answers."""
+        sock = connect(self.path)
+        if sock is None and not self.started:
+            self.started = True
+            start_holder(self.path, persist)
+        return sock
+
+
+class HeldTransport(Transport):
+    """The direct transport's runs, made by the holder when it answers (else by the direct one)."""
+
+    kind = "ssh"
+
+    def __init__(self, direct: Transport, holder: Holder):
+        self.direct = direct
+        self.holder = holder
+        self.endpoint: Endpoint = direct.endpoint
+
+    def describe(self) -> str:
+        return self.direct.describe()
+
+    def close(self) -> None:
+        self.direct.close()
+
+    def put(self, data: bytes, path: str) -> None:
+        sock = self.holder.connect(self.endpoint.persist)
+        if sock is None:
+            return self.direct.put(data, path)
+        with sock:
+            self._exchange(sock, {"op": "put", "path": path}, data, time.monotonic() + 120, None)
+
+    def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
+            close_stdin: bool = False, on_stdout: OnStdout = None) -> ProcessOutput:
+        sock = self.holder.connect(self.endpoint.persist)
+        if sock is None:
+            return self.direct.run(argv, payload, deadline, close_stdin=close_stdin,
+                                   on_stdout=on_stdout)
+        with sock:
+            return self._exchange(sock, {"op": "run", "argv": list(argv), "close_stdin": close_stdin},
+                                  payload, deadline, on_stdout)
+
+    def _exchange(self, sock, request: dict, payload: bytes, deadline: float,
+                  on_stdout: OnStdout) -> Optional[ProcessOutput]:
+        request.update(endpoint=endpoint_to_dict(self.endpoint), payload=len(payload),
+                       timeout=max(0.0, deadline - time.monotonic()))
+        out = StreamCapture(wire.STDOUT_HEAD, wire.STDOUT_TAIL)
+        try:
+            sock.settimeout(max(1.0, deadline - time.monotonic()) + GRACE_S)
+            send_frame(sock, b"Q", json.dumps(request).encode())
+            sock.sendall(payload)
+            stderr = b""
+            while True:
+                kind, body = recv_frame(sock)
+                if kind == b"O":
+                    out.feed(body)
+                    if on_stdout is not None:
+                        on_stdout(body)
+                elif kind == b"E":
+                    stderr = body
+                elif kind == b"X":
+                    err = json.loads(body)
+                    raise TransportError(str(err["layer"]), str(err["message"]), err.get("stderr"))
+                elif kind == b"R":
+                    done = json.loads(body)
+                    if request["op"] == "put":
+                        return None
+                    return ProcessOutput(out.value(), stderr, done["exit_code"],
+                                         timed_out=bool(done["timed_out"]), lost=done["lost"],
+                                         dropped=int(done["dropped"]))
+                else:
+                    raise ValueError(f"an unknown frame {kind!r}")
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+            raise TransportError("unreachable", f"{self.endpoint.describe()}: mldiag's connection "
+                                 f"holder ({self.holder.path}) failed: {exc or type(exc).__name__}")

@@ -1,0 +1,140 @@
+"""The connection holder's pieces that need no sshd (tests/integration/test_holder.py has the
+real thing): its frames, the one check of an endpoint it is sent, where its socket may live,
+and how long a connection is held (hosts.yaml ``persist``, else ssh_config's ControlPersist
+as the real ``ssh -G`` prints it)."""
+
+import json
+import os
+import shutil
+import socket
+
+import pytest
+
+from diagnostics import holder, topology
+from diagnostics.errors import InputError
+from diagnostics.hops import held, sshconfig
+from diagnostics.hops.sshconfig import Endpoint
+
+JUMP = Endpoint("bastion", "10.0.0.1", 22, "ops", ("/k/id",), ("/k/known",), ("/etc/k",), "yes", 5.0)
+EP = Endpoint("gpu01", "10.0.0.2", 2222, "ml", ("/k/id",), ("/k/known",), ("/etc/k",), "accept-new",
+              10.0, jump=JUMP, hash_known_hosts=True, persist=60.0)
+
+
+def wire_form(ep: Endpoint) -> dict:
+    return json.loads(json.dumps(held.endpoint_to_dict(ep)))
+
+
+def test_an_endpoint_crosses_to_the_holder_unchanged():
+    assert held.endpoint_from_dict(wire_form(EP)) == EP
+
+
+@pytest.mark.parametrize("field,value", [("port", "22"), ("strict", "maybe"), ("user", None),
+                                         ("identity_files", "/k/id"), ("known_hosts", [1]),
+                                         ("hash_known_hosts", "yes"), ("proxy_command", ["sh"])])
+def test_an_endpoint_of_the_wrong_shape_is_refused(field, value):
+    sent = wire_form(EP)
+    sent[field] = value
+    with pytest.raises(ValueError, match="endpoint"):
+        held.endpoint_from_dict(sent)
+    sent = wire_form(EP)
+    sent["jump"][field] = value
+    with pytest.raises(ValueError, match="endpoint"):
+        held.endpoint_from_dict(sent)
+
+
+def test_frames_round_trip_and_an_oversized_one_is_refused():
+    a, b = socket.socketpair()
+    with a, b:
+        held.send_frame(a, b"O", b"x" * 70000)
+        held.send_frame(a, b"R", b"{}")
+        assert held.recv_frame(b) == (b"O", b"x" * 70000)
+        assert held.recv_frame(b) == (b"R", b"{}")
+        held.send_frame(a, b"Q", b"y" * 100)
+        with pytest.raises(ValueError, match="at most 10"):
+            held.recv_frame(b, limit=10)
+    a, b = socket.socketpair()
+    with b:
+        a.sendall(b"O\0\0")
+        a.close()
+        with pytest.raises(EOFError):
+            held.recv_frame(b)
+
+
+def test_trust_separates_connections_authenticated_differently():
+    other_key = Endpoint(**{**held.endpoint_to_dict(EP), "jump": JUMP, "identity_files": ("/k/other",)})
+    other_jump_policy = Endpoint(**{**held.endpoint_to_dict(EP), "jump": Endpoint(
+        **{**held.endpoint_to_dict(JUMP), "strict": "no"})})
+    assert holder.trust_of(EP) == holder.trust_of(Endpoint(**{**held.endpoint_to_dict(EP),
+                                                               "jump": JUMP, "label": "x"}))
+    assert len({holder.trust_of(EP), holder.trust_of(other_key),
+                holder.trust_of(other_jump_policy)}) == 3
+
+
+def test_only_a_private_directory_of_this_user_holds(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    assert held.private_dir() == str(run / "mldiag")
+    assert oct(os.stat(run / "mldiag").st_mode & 0o777) == "0o700"
+    os.chmod(run / "mldiag", 0o750)
+    assert held.private_dir() is None
+    shutil.rmtree(run / "mldiag")
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    os.symlink(real, run / "mldiag")          # planted: a link is never followed
+    assert held.private_dir() is None
+    os.unlink(run / "mldiag")
+    os.chmod(run, 0o755)                      # XDG's own is not private: ours under /tmp
+    assert held.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
+
+
+def test_a_holder_started_twice_at_one_path_listens_once(tmp_path):
+    d = tmp_path / "h"
+    d.mkdir(mode=0o700)
+    path = str(d / "x.sock")
+    first = holder._listen(path)
+    assert first is not None
+    try:
+        assert holder._listen(path) is None      # the lock is taken: the second one leaves
+        assert held.connect(path) is not None
+    finally:
+        os.close(first[0])
+        first[1].close()
+    os.chmod(d, 0o711)
+    assert holder._listen(path) is None          # not private: no socket there
+
+
+@pytest.mark.parametrize("master,persist,held_s", [
+    ("auto", "600", 600.0), ("yes", "45", 45.0), ("autoask", "yes", 3600.0), ("auto", "0", 3600.0),
+    ("auto", "no", 0.0), ("false", "600", 0.0), ("no", "yes", 0.0), ("auto", "99999", 3600.0)])
+def test_persist_follows_controlpersist_as_ssh_prints_it(master, persist, held_s):
+    assert sshconfig.persist_seconds({"controlmaster": [master], "controlpersist": [persist]}) == held_s
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH client not installed")
+def test_the_real_ssh_dash_g_gives_the_persist(tmp_path, monkeypatch):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host held\n  HostName 127.0.0.9\n  ControlMaster auto\n  ControlPath none\n"
+                   "  ControlPersist 10m\nHost plain\n  HostName 127.0.0.9\n")
+    monkeypatch.setenv("MLDIAG_SSH_CONFIG", str(cfg))
+    sshconfig._cache.clear()
+    try:
+        assert sshconfig.resolve(topology.SshHost("held")).persist == 600.0
+        assert sshconfig.resolve(topology.SshHost("plain")).persist == 0.0
+        assert sshconfig.resolve(topology.SshHost("held", persist=0.0)).persist == 0.0
+        assert sshconfig.resolve(topology.SshHost("plain", persist=5.0)).persist == 5.0
+    finally:
+        sshconfig._cache.clear()
+
+
+@pytest.mark.parametrize("value", ["-1", "3601", "'60'", "true", ".nan"])
+def test_a_bad_persist_names_its_line(value):
+    with pytest.raises(InputError) as e:
+        topology.loads(f"defaults:\n  persist: {value}\nhosts:\n  a: {{}}\n")
+    assert str(e.value).startswith("hosts.yaml:2: defaults.persist: expected seconds from 0 "
+                                   "(hold no connection) to 3600, got ")
+
+
+def test_persist_is_inherited_from_defaults_and_overridden_per_host():
+    topo = topology.loads("defaults: {persist: 60}\nhosts:\n  a: {}\n  b: {persist: 0}\n")
+    assert topo.targets["a"].host.persist == 60.0 and topo.targets["b"].host.persist == 0.0
