@@ -34,6 +34,9 @@ from .. import wire
 PROTOCOL = 1
 MAX_HEADER = 1 << 20          # a request's or a result's JSON
 MAX_FRAME = 64 << 20          # one stream chunk or a final stream (bounded by wire.* anyway)
+# A socket's path is at most 107 bytes (sun_path): the directory leaves room for
+# "/holder-<16 hex>.sock".
+MAX_DIR_BYTES = 107 - 29
 # A caller waits this long past its run's deadline for the holder's answer.
 GRACE_S = 30.0
 
@@ -98,8 +101,10 @@ def private_dir() -> Optional[str]:
     private (another owner, group/other access, a link): then nothing is held."""
     uid = os.geteuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    base = os.path.join(runtime, "mldiag") if runtime.startswith("/") and _private(runtime, uid) \
-        else f"/tmp/mldiag-{uid}"
+    base = os.path.join(runtime, "mldiag")
+    if not (runtime.startswith("/") and len(os.fsencode(base)) <= MAX_DIR_BYTES
+            and _private(runtime, uid)):
+        base = f"/tmp/mldiag-{uid}"
     try:
         os.mkdir(base, 0o700)
     except FileExistsError:

@@ -5,11 +5,14 @@ paramiko; a caller that goes away stops its command; the holder expires on its o
 import glob
 import json
 import os
+import shutil
 import signal
 import stat
+import tempfile
 import time
 import uuid
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +24,14 @@ wait_for = partial(wait_until, interval=0.05)
 
 
 @pytest.fixture
-def runtime_dir(tmp_path):
-    """A private $XDG_RUNTIME_DIR for the test's holders; each is told to quit at the end."""
-    d = tmp_path / "run"
-    d.mkdir(mode=0o700)
+def runtime_dir():
+    """A private $XDG_RUNTIME_DIR for the test's holders (a short path: pytest's tmp_path
+    leaves no room for a socket's name); each holder is told to quit at the end."""
+    d = Path(tempfile.mkdtemp(prefix="mldiag-t-", dir="/tmp"))
     yield d
     for path in glob.glob(str(d / "mldiag" / "holder-*.sock")):
         quit_holder(path)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def quit_holder(path: str) -> None:
@@ -114,9 +118,8 @@ def test_a_caller_that_goes_away_stops_its_command_on_the_target(lab, tmp_path, 
         "status"] == "ok"
 
 
-def test_a_directory_open_to_others_holds_nothing(lab, tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o700)
+def test_a_directory_open_to_others_holds_nothing(lab, runtime_dir):
+    shared = runtime_dir
     (shared / "mldiag").mkdir()
     os.chmod(shared / "mldiag", 0o755)      # as a careless umask would leave it
     hosts = lab.hosts_yaml("defaults: {persist: 30}\nhosts:\n  main: {}\n")

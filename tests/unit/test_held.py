@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -70,8 +72,16 @@ def test_trust_separates_connections_authenticated_differently():
                 holder.trust_of(other_jump_policy)}) == 3
 
 
-def test_only_a_private_directory_of_this_user_holds(tmp_path, monkeypatch):
-    run = tmp_path / "run"
+@pytest.fixture
+def short_tmp():
+    """A directory with a short path (pytest's tmp_path leaves no room for a socket's name)."""
+    d = tempfile.mkdtemp(prefix="mldiag-t-", dir="/tmp")
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_only_a_private_directory_of_this_user_holds(short_tmp, tmp_path, monkeypatch):
+    run = short_tmp / "run"
     run.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     assert held.private_dir() == str(run / "mldiag")
@@ -79,17 +89,22 @@ def test_only_a_private_directory_of_this_user_holds(tmp_path, monkeypatch):
     os.chmod(run / "mldiag", 0o750)
     assert held.private_dir() is None
     shutil.rmtree(run / "mldiag")
-    real = tmp_path / "elsewhere"
+    real = short_tmp / "elsewhere"
     real.mkdir(mode=0o700)
     os.symlink(real, run / "mldiag")          # planted: a link is never followed
     assert held.private_dir() is None
     os.unlink(run / "mldiag")
     os.chmod(run, 0o755)                      # XDG's own is not private: ours under /tmp
     assert held.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
+    deep = short_tmp / ("d" * 80)             # no room left for the socket's name (107 bytes)
+    deep.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    assert held.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
+    assert not os.path.exists(deep / "mldiag")
 
 
-def test_a_holder_started_twice_at_one_path_listens_once(tmp_path):
-    d = tmp_path / "h"
+def test_a_holder_started_twice_at_one_path_listens_once(short_tmp):
+    d = short_tmp / "h"
     d.mkdir(mode=0o700)
     path = str(d / "x.sock")
     first = holder._listen(path)
