@@ -34,16 +34,11 @@ def _chain(ep: Endpoint):
         ep = ep.jump
 
 
-def trust_of(ep: Endpoint) -> str:
-    """What a connection was authenticated and verified with, over the whole jump chain: a
-    held connection serves only a caller that would have opened it the same way."""
-    return json.dumps([[e.identity_files, e.known_hosts, e.global_known_hosts, e.strict,
-                        e.hash_known_hosts] for e in _chain(ep)])
-
-
 class HolderState:
     def __init__(self, persist: float):
-        self.pools: Dict[str, SshPool] = {}
+        # one pool: an endpoint's key holds what its connection was authenticated and
+        # verified with, so a held connection serves only callers that would open it alike
+        self.pool = SshPool()
         self.persist_of: Dict[tuple, float] = {}    # endpoint key → seconds held unused
         self.idle_limit = persist
         self.in_flight = 0
@@ -56,7 +51,7 @@ class HolderState:
             for e in _chain(ep):
                 self.persist_of[e.key] = max(self.persist_of.get(e.key, 0.0), ep.persist)
             self.idle_limit = max(self.idle_limit, ep.persist)
-            return self.pools.setdefault(trust_of(ep), SshPool())
+            return self.pool
 
     def begin(self) -> None:
         with self.lock:
@@ -72,19 +67,15 @@ class HolderState:
         """Close the connections unused for their persist; True when the holder should exit."""
         now = time.monotonic()
         with self.lock:
-            pools = list(self.pools.values())
             persist_of = dict(self.persist_of)
-        held_now = 0
-        for pool in pools:
-            pool.expire(lambda p: now - p.last_used >= persist_of.get(p.endpoint.key, 0.0))
-            held_now += pool.open_count
+        self.pool.expire(lambda p: now - p.last_used >= persist_of.get(p.endpoint.key, 0.0))
+        held_now = self.pool.open_count
         with self.lock:
             return self.quit.is_set() or (self.in_flight == 0 and held_now == 0
                                           and now - self.last_activity >= self.idle_limit)
 
     def close(self) -> None:
-        for pool in list(self.pools.values()):
-            pool.close()
+        self.pool.close()
 
 
 def _error(conn: socket.socket, layer: str, message: str, stderr=None) -> None:

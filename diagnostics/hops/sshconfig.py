@@ -42,9 +42,12 @@ class Endpoint:
 
     @property
     def key(self) -> tuple:
-        """Identity of the physical connection: same key, same shared transport."""
+        """Identity of the physical connection: same key, same shared transport. What it was
+        authenticated and verified with is part of it: a target written with another key or
+        a stricter host-key policy never rides a connection opened without them."""
         return (self.user, self.hostname, self.port, self.proxy_command,
-                self.jump.key if self.jump else None)
+                self.jump.key if self.jump else None, self.identity_files, self.known_hosts,
+                self.global_known_hosts, self.strict, self.hash_known_hosts)
 
     @property
     def known_hosts_name(self) -> str:

@@ -130,3 +130,27 @@ def test_a_directory_open_to_others_holds_nothing(lab, runtime_dir):
     time.sleep(0.5)
     assert not glob.glob(str(shared / "mldiag" / "*"))     # no holder, no lock, no socket
     assert sshd.connection_count() - before == 2           # each call connected itself
+
+
+def test_held_jump_chains_and_containers_share_the_holders_connections(lab, runtime_dir):
+    """Hosts behind a jump host and containers of one host, through the holder: the same rows
+    as a direct run, and on the holder's connections (one per host, the jump's shared)."""
+    lab.need("lxc")
+    hosts = lab.hosts_yaml(
+        "defaults: {persist: 30, connect_timeout: 5}\nhosts:\n  jump: {}\n  inner: {}\n"
+        "  pve:\n    address: main\n    become: sudo\n    containers:\n"
+        '      ct1: {runtime: pct, id: "200", python: /root/venv/bin/python}\n'
+        '      ct2: {runtime: pct, id: "200", python: /root/venv/bin/python}\n')
+    names = ["jump", "inner", "ct1", "ct2"]
+    servers = {s: lab.servers[s] for s in ("jump", "main")}
+    rows, opened = [], []
+    for n in range(3):
+        before = {s: server.connection_count() for s, server in servers.items()}
+        docs = json.loads(ok(run(lab, hosts, runtime_dir, "ping", "-H", ",".join(names), "--json")))
+        rows.append([(d["target"], d["status"]) for d in docs])
+        opened.append({s: server.connection_count() - before[s] for s, server in servers.items()})
+        if n == 0:
+            wait_for(lambda: len(sockets(runtime_dir)) == 1, 20, "the holder to listen")
+    assert rows == [[(name, "ok") for name in names]] * 3
+    # direct, then the holder's own connections (inner's goes through the jump's), then none
+    assert opened == [{"jump": 1, "main": 1}, {"jump": 1, "main": 1}, {"jump": 0, "main": 0}], opened

@@ -62,14 +62,17 @@ def test_frames_round_trip_and_an_oversized_one_is_refused():
             held.recv_frame(b)
 
 
-def test_trust_separates_connections_authenticated_differently():
+def test_a_connection_key_holds_what_it_was_authenticated_and_verified_with():
+    """Targets reaching one user@host:port share a connection only when they would open it
+    alike (the holder's one pool and a direct run's pool both key by it)."""
+    same = Endpoint(**{**held.endpoint_to_dict(EP), "jump": JUMP, "label": "x", "persist": 0.0,
+                       "connect_timeout": 3.0})
     other_key = Endpoint(**{**held.endpoint_to_dict(EP), "jump": JUMP, "identity_files": ("/k/other",)})
     other_jump_policy = Endpoint(**{**held.endpoint_to_dict(EP), "jump": Endpoint(
         **{**held.endpoint_to_dict(JUMP), "strict": "no"})})
-    assert holder.trust_of(EP) == holder.trust_of(Endpoint(**{**held.endpoint_to_dict(EP),
-                                                               "jump": JUMP, "label": "x"}))
-    assert len({holder.trust_of(EP), holder.trust_of(other_key),
-                holder.trust_of(other_jump_policy)}) == 3
+    other_known = Endpoint(**{**held.endpoint_to_dict(EP), "jump": JUMP, "known_hosts": ("/x",)})
+    assert EP.key == same.key
+    assert len({EP.key, other_key.key, other_jump_policy.key, other_known.key}) == 4
 
 
 @pytest.fixture
