@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
-from . import cli, cmdline, jobs, node_check_run, render, termination
+from . import cli, cmdline, jobs, render, termination
 from .errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
 from .outcome import Outcome
 
@@ -310,6 +310,7 @@ def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=Fal
                host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
                timeout=None, keep_remote=False, diff=False, no_color=False):
     """A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM."""
+    from . import node_check_run   # here: its drain, undrain and baseline modules (~5 ms)
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
                     no_color)
     return node_check_run.execute(

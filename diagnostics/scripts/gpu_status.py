@@ -93,7 +93,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -1334,6 +1333,12 @@ def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
             # process that can only fail (on every non-root call of an ordinary host)
             why.append("dmesg: not run (dmesg_restrict: it reads the buffer /dev/kmsg refused)")
             continue
+        if exe and argv[0] == "journalctl" and not system_journal_readable():
+            # kernel messages are only in the system journal: without it journalctl -k can
+            # only print nothing (it says why on stderr)
+            why.append("journalctl: not run (no system journal readable by this user in %s)"
+                       % " or ".join(JOURNAL_DIRS))
+            continue
         if not exe or left <= 0.2:
             why.append("%s: %s" % (argv[0], "not found" if not exe else "no time left"))
             continue
@@ -1345,10 +1350,34 @@ def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
     return None, "; ".join(why)
 
 
+JOURNAL_DIRS = ("/var/log/journal", "/run/log/journal")   # journald's Storage= persistent, volatile
+
+
+def system_journal_readable(dirs=JOURNAL_DIRS, readable=lambda path: os.access(path, os.R_OK)):
+    """Whether journalctl could show this user a kernel message: some machine's system journal
+    (``system.journal``, archived ``system@...journal``) that ``readable`` says we may read
+    (``os.access`` honours the ACLs journald gives the adm and wheel groups)."""
+    for base in dirs:
+        try:
+            machines = os.listdir(base)
+        except OSError:
+            continue
+        for machine in machines:
+            try:
+                names = os.listdir(os.path.join(base, machine))
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith("system") and name.endswith((".journal", ".journal~")) \
+                        and readable(os.path.join(base, machine, name)):
+                    return True
+    return False
+
+
 def _privileged(exe):
     """A setuid ``dmesg``, or one with file capabilities (CAP_SYSLOG), may read what we may not."""
     try:
-        if os.stat(exe).st_mode & stat.S_ISUID:
+        if os.stat(exe).st_mode & 0o4000:     # S_ISUID
             return True
         os.getxattr(exe, "security.capability")
         return True

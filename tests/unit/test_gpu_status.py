@@ -1196,8 +1196,43 @@ def test_dmesg_is_not_run_where_dmesg_restrict_refused_the_kernel_log(
     def kmsg(deadline):
         raise OSError(kmsg_errno, os.strerror(kmsg_errno))
     monkeypatch.setattr(gs, "_read_kmsg", kmsg)
+    monkeypatch.setattr(gs, "system_journal_readable", lambda: True)
     source, why = gs.read_kernel_log(budget_s=20)
     made = [json.loads(line)[0] for line in calls.read_text().splitlines()]
     assert made == called and source is None
     assert why.startswith(f"/dev/kmsg: {os.strerror(kmsg_errno)}; dmesg: ")
     assert ("dmesg: not run (dmesg_restrict" in why) == ("dmesg" not in called)
+
+
+def test_journalctl_is_not_run_without_a_system_journal_this_user_may_read(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("dmesg", "journalctl"):
+        (bindir / name).write_bytes((ROOT / "tests" / "fakes" / "dmesg").read_bytes())
+        (bindir / name).chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("MLDIAG_FAKE_KLOG_LOG", str(calls))
+    monkeypatch.setenv("MLDIAG_FAKE_KLOG", str(tmp_path / "empty.log"))
+    (tmp_path / "empty.log").write_text("")
+    monkeypatch.setattr(gs, "_read_kmsg", lambda deadline: (_ for _ in ()).throw(OSError(1, "no")))
+    monkeypatch.setattr(gs, "JOURNAL_DIRS", (str(tmp_path / "none"),))
+    source, why = gs.read_kernel_log(budget_s=20)
+    assert source is None and not calls.exists()
+    assert why.endswith(f"journalctl: not run (no system journal readable by this user in "
+                        f"{tmp_path / 'none'})")
+
+
+def test_a_system_journal_is_found_where_journald_keeps_it(tmp_path):
+    persistent, volatile = tmp_path / "var", tmp_path / "run"
+    (persistent / "0a1b").mkdir(parents=True)
+    (persistent / "0a1b" / "user-1000.journal").write_text("")
+    dirs = (str(persistent), str(volatile))
+    everything = lambda path: True  # noqa: E731
+    assert not gs.system_journal_readable(dirs, everything)      # a user's own journal only
+    (volatile / "0a1b").mkdir(parents=True)
+    archived = volatile / "0a1b" / "system@00061c-5c.journal~"
+    archived.write_text("")
+    assert gs.system_journal_readable(dirs, everything)
+    assert not gs.system_journal_readable(dirs, lambda path: path != str(archived))
+    assert gs.system_journal_readable(dirs, lambda path: path == str(archived))
