@@ -17,6 +17,7 @@ machine drift hits every command alike:
   ssh-cm              N=1: ssh with ControlMaster auto, ControlPersist (the user's own ssh
                       keeping its connection), next to mldiag run-script/gpu-status held:
                       mldiag with the same ssh_config, so through its connection holder
+                      (held rows also at 32 targets and at the --gpu-sizes)
   gpu-2call           (--gpu-sizes, default 16) the ssh-c25519 loop running a probe that asks
                       nvidia-smi gpu-status's question by hand in two calls (query-gpu,
                       query-compute-apps), next to mldiag gpu-status on the same targets
@@ -61,7 +62,7 @@ from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (PROBE, REPO, BenchError, ConnectionCounter, Sample, bytecode_env,  # noqa: E402
+from common import (CLK_TCK, PROBE, REPO, BenchError, ConnectionCounter, Sample, bytecode_env,  # noqa: E402
                     children_cpu, current_pgid, fleet_files, kill_current, load_avg, machine_busy, process_cpu,
                     start_fleet, timed)
 from tests.lab import Lab  # noqa: E402
@@ -297,6 +298,17 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
         cases.append(Case(size, "mldiag gpu-status", [mldiag, "gpu-status", "-H", hosts], env=env,
                           check=check_all_ok(names)))
 
+    # the user's ssh keeping its connections, and mldiag told so by the same ssh_config
+    held_cfg = held_files(work, cfg)
+    master, holder = DetachedCpu(SHORT_DIRS["cm"]), DetachedCpu(SHORT_DIRS["run"])
+    HELPERS.extend((master, holder))
+    held_env = dict(env, MLDIAG_SSH_CONFIG=str(held_cfg), XDG_RUNTIME_DIR=SHORT_DIRS["run"])
+
+    def held_rows(size: str, names: List[str], tasks):
+        for name, task in tasks:
+            cases.append(Case(size, name, [mldiag, *task, "-H", ",".join(names)], env=held_env,
+                              prepare=holder.prepare, after=holder.after, check=check_all_ok(names)))
+
     for n in args.sizes:
         size, names = str(n), aliases[:n]
         outdir = work / "out" / size
@@ -306,17 +318,9 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
             for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
                 cases.append(Case(size, name, ["ssh", "-F", str(cfg), *extra, names[0], *remote],
                                   stdin=str(probe), env=env))
-            # the user's ssh keeping its connection, and mldiag told so by the same ssh_config
-            held_cfg = held_files(work, cfg)
-            master, holder = DetachedCpu(SHORT_DIRS["cm"]), DetachedCpu(SHORT_DIRS["run"])
             cases.append(Case(size, "ssh-cm", ["ssh", "-F", str(held_cfg), names[0], *remote],
                               stdin=str(probe), env=env, prepare=master.prepare, after=master.after))
-            held_env = dict(env, MLDIAG_SSH_CONFIG=str(held_cfg), XDG_RUNTIME_DIR=SHORT_DIRS["run"])
-            for name, task in ((HELD, ["run-script", str(probe)]), (HELD_GPU, ["gpu-status"])):
-                cases.append(Case(size, name, [mldiag, *task, "-H", names[0]], env=held_env,
-                                  prepare=holder.prepare, after=holder.after,
-                                  check=check_all_ok(names[:1])))
-            HELPERS.extend((master, holder))
+            held_rows(size, names, ((HELD, ["run-script", str(probe)]), (HELD_GPU, ["gpu-status"])))
         else:
             for name, extra in (("ssh", []), ("ssh-c25519", C25519)):
                 cases.append(Case(size, name, ssh_loop(cfg, names, remote, probe, outdir, extra),
@@ -328,6 +332,8 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                               env=dict(env, **ansible_runs.env), prepare=ansible_runs.prepare,
                               after=ansible_runs.after))
         mldiag_rows(size, names)
+        if n == 32:      # the most a holder serves (a larger fan-out connects itself)
+            held_rows(size, names, ((HELD, ["run-script", str(probe)]),))
 
     gpu_probe_file = work / "gpu_probe.py"
     gpu_probe_file.write_text(gpu_probe())
@@ -339,6 +345,7 @@ def build_cases(args, work: Path, cfg: Path, hosts_file: Path, probe: Path, alia
                                                       C25519), env=env, check=check_gpu_probe(outdir, names)))
         if n not in args.sizes:
             mldiag_rows(size, names, only_gpu=True)
+        held_rows(size, names, ((HELD_GPU, ["gpu-status"]),))
 
     if ct_names:
         size = f"{len(ct_names)} CTs"
@@ -458,20 +465,47 @@ def hosts_yaml(aliases: List[str], ct_names: List[str], slurm_nodes: int = 0) ->
 
 # ---------------------------------------------------------------------------- running
 
-def settle(servers, timeout: float = 5.0) -> None:
-    """Wait until no connection is left on the servers: a listener adds a connection's CPU time
-    (sshd and all it ran) to its own count only when it reaps that connection's sshd."""
+def sessions(servers) -> set:
+    """The servers' open connections: their per-connection sshd processes."""
     listeners = {s.pid for s in servers if s.pid}
+    return {p for p in all_pids() if ppid_of(p) in listeners}
+
+
+def settle(servers, kept: set = frozenset(), timeout: float = 5.0) -> None:
+    """Wait until no connection is left on the servers but those in ``kept`` (held ones: ssh's
+    ControlMaster, mldiag's holder): a listener adds a connection's CPU time (sshd and all it
+    ran) to its own count only when it reaps that connection's sshd."""
     deadline = time.monotonic() + timeout
-    while any(ppid_of(p) in listeners for p in all_pids()) and time.monotonic() < deadline:
+    while sessions(servers) - kept and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def tree_cpu(roots: set) -> float:
+    """CPU seconds of the live processes below ``roots`` (roots included) and of the children
+    they reaped: what a held connection's sshd and the commands it ran have used so far."""
+    parent = {p: ppid_of(p) for p in all_pids()}
+    total = 0
+    for pid in parent:
+        p = pid
+        while p and p not in roots:
+            p = parent.get(p)
+        if not p:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])   # utime stime cutime cstime
+    return total / CLK_TCK
 
 
 def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = False) -> None:
     listeners = [s.pid for s in servers if s.pid]
     env = case.prepare(case.env) if case.prepare else case.env
     counter.take()
-    cpu0 = children_cpu(listeners)
+    kept = sessions(servers)       # connections held open from before (ControlMaster, holder)
+    cpu0 = children_cpu(listeners) + tree_cpu(kept)
     busy0 = machine_busy()
     extra_cpu = 0.0
     tree = TreeRss() if case.tree_rss else None
@@ -484,11 +518,11 @@ def run_case(case: Case, servers, counter: ConnectionCounter, check: bool = Fals
             extra_cpu = case.after()
     sample.cpu += extra_cpu
     busy = machine_busy() - busy0
-    settle(servers)
+    settle(servers, kept)
     if check and case.check:
         case.check(sample)
     case.samples.append(sample)
-    case.server_cpu.append(children_cpu(listeners) - cpu0)
+    case.server_cpu.append(children_cpu(listeners) + tree_cpu(kept) - cpu0)
     case.other_cpu.append(max(0.0, busy - sample.cpu - case.server_cpu[-1]))
     case.conns.append(counter.take())
 
@@ -526,8 +560,9 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                        f"{max(s.maxrss_kb for s in c.samples) / 1024:7.1f}")
     out.append("")
     out.append("CPU columns are seconds, medians. cli: user+sys of the command's process tree "
-               "(os.wait4; ansible: + its ControlPersist masters); srv: what the sshd listeners' "
-               "finished connections used (sshd, shell, sudo/pct, python); oth: the rest of the "
+               "(os.wait4; ansible, ssh-cm, held: + their ControlPersist masters or mldiag's holder); "
+               "srv: what the sshd listeners' finished connections used (sshd, shell, sudo/pct, "
+               "python), and what held ones used meanwhile; oth: the rest of the "
                "machine meanwhile (other sessions, kernel). conns: SSH connections accepted per "
                "run. RSS: peak of the largest single process of the tree.")
     walls = sum(s.wall for c in cases for s in c.samples)
@@ -544,7 +579,7 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
         if ref not in row:
             continue
         refm = med([s.wall for s in row[ref].samples])
-        names = ("mldiag gpu-status",) if ref == "gpu-2call" else \
+        names = ("mldiag gpu-status", HELD_GPU) if ref == "gpu-2call" else \
             ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS, HELD, HELD_GPU)
         for name in names:
             if name in row:
