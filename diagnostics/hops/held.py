@@ -23,6 +23,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Optional, Sequence
@@ -167,6 +168,9 @@ class Holder:
     def __init__(self, directory: str):
         self.path = os.path.join(directory, holder_name() + ".sock")
         self.started = False
+        self._open: set = set()           # sockets of the requests in flight
+        self._lock = threading.Lock()
+        self.closed = False
 
     @classmethod
     def for_user(cls) -> Optional["Holder"]:
@@ -179,7 +183,30 @@ class Holder:
         if sock is None and not self.started:
             self.started = True
             start_holder(self.path, persist)
+        if sock is not None:
+            with self._lock:
+                if self.closed:      # the run is being interrupted: start nothing more
+                    sock.close()
+                    raise TransportError("unreachable", "the run was interrupted")
+                self._open.add(sock)
         return sock
+
+    def done(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(sock)
+        sock.close()
+
+    def close(self) -> None:
+        """End every request in flight, as closing a direct run's connections does (Ctrl-C): the
+        holder sees its caller go and stops the command on the target."""
+        with self._lock:
+            self.closed = True
+            socks = list(self._open)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class HeldTransport(Transport):
@@ -202,8 +229,10 @@ class HeldTransport(Transport):
         sock = self.holder.connect(self.endpoint.persist)
         if sock is None:
             return self.direct.put(data, path)
-        with sock:
+        try:
             self._exchange(sock, {"op": "put", "path": path}, data, time.monotonic() + 120, None)
+        finally:
+            self.holder.done(sock)
 
     def run(self, argv: Sequence[str], payload: bytes, deadline: float, *,
             close_stdin: bool = False, on_stdout: OnStdout = None) -> ProcessOutput:
@@ -211,9 +240,11 @@ class HeldTransport(Transport):
         if sock is None:
             return self.direct.run(argv, payload, deadline, close_stdin=close_stdin,
                                    on_stdout=on_stdout)
-        with sock:
+        try:
             return self._exchange(sock, {"op": "run", "argv": list(argv), "close_stdin": close_stdin},
                                   payload, deadline, on_stdout)
+        finally:
+            self.holder.done(sock)
 
     def _exchange(self, sock, request: dict, payload: bytes, deadline: float,
                   on_stdout: OnStdout) -> Optional[ProcessOutput]:

@@ -260,6 +260,9 @@ class SshPool:
             conns = list(self._conns.values())
             for pooled in conns:
                 self._forget(pooled)
+            holder = self._holder
+        if holder is not None:
+            holder.close()      # the runs in flight through the holder end too
         for pooled in sorted(conns, key=lambda p: p.via is None):   # tunnelled ones first
             _close_quietly(pooled)
 

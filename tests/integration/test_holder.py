@@ -43,6 +43,11 @@ def quit_holder(path: str) -> None:
     wait_for(lambda: not os.path.exists(path), 10, "the holder to remove its socket")
 
 
+def remote(marker: str, caller) -> list:
+    """The target's processes carrying ``marker`` (the caller's own argv carries it too)."""
+    return [p for p in marked(marker) if p != caller.pid]
+
+
 def sockets(runtime_dir):
     return glob.glob(str(runtime_dir / "mldiag" / "holder-*.sock"))
 
@@ -105,7 +110,7 @@ def test_a_caller_that_goes_away_stops_its_command_on_the_target(lab, tmp_path, 
     proc = start_mldiag("run-script", script, "-H", "main", "--hosts-file", hosts, "--", marker,
                         env={"XDG_RUNTIME_DIR": str(runtime_dir)})
     try:
-        wait_for(lambda: marked(marker), 30, "the script to run on the target")
+        wait_for(lambda: remote(marker, proc), 30, "the script to run on the target")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         wait_for(lambda: not marked(marker), 15, "the holder to stop the command")
@@ -154,3 +159,26 @@ def test_held_jump_chains_and_containers_share_the_holders_connections(lab, runt
     assert rows == [[(name, "ok") for name in names]] * 3
     # direct, then the holder's own connections (inner's goes through the jump's), then none
     assert opened == [{"jump": 1, "main": 1}, {"jump": 1, "main": 1}, {"jump": 0, "main": 0}], opened
+
+
+def test_ctrl_c_ends_a_held_run_at_once_and_stops_its_command(lab, tmp_path, runtime_dir):
+    marker = f"mldiag-held-{uuid.uuid4().hex[:8]}"
+    hosts = lab.hosts_yaml("defaults: {persist: 30}\nhosts:\n  main: {}\n")
+    ok(run(lab, hosts, runtime_dir, "ping", "-H", "main"))
+    wait_for(lambda: len(sockets(runtime_dir)) == 1, 20, "the holder to listen")
+    script = tmp_path / "sleepy.py"
+    script.write_text("import subprocess, sys\n"
+                      "subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n")
+    proc = start_mldiag("run-script", script, "-H", "main", "--hosts-file", hosts, "--", marker,
+                        env={"XDG_RUNTIME_DIR": str(runtime_dir)})
+    try:
+        wait_for(lambda: remote(marker, proc), 30, "the script to run on the target")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.endswith("mldiag: interrupted (0 of 1 targets finished)\n"), err
+    wait_for(lambda: not marked(marker), 15, "the holder to stop the command")
