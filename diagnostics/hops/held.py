@@ -5,8 +5,9 @@ is the holder; this is the client side and the wire both share).
 - Used for an endpoint whose ``persist`` is above 0: hosts.yaml ``persist: SECONDS``, else the
   user's ssh_config (``ControlMaster auto`` with ``ControlPersist``), so mldiag keeps
   connections exactly when the user's own ssh would.
-- ``HeldTransport`` wraps the direct ``SshTransport``. With no holder answering, the run goes
-  direct and a holder is started for the next call: the first call costs what it always did.
+- ``HeldTransport`` wraps the direct ``SshTransport``. With no holder answering, the call goes
+  direct (all its runs) and a holder is started for the next call: the first call costs what
+  it always did.
   Through the holder a call imports neither paramiko nor Fabric and makes no handshake.
 - The socket lives in a directory private to the user (mode 0700, owned by the user, not a
   link: checked before every use); the holder also checks each caller's uid (``SO_PEERCRED``).
@@ -178,11 +179,18 @@ class Holder:
         return cls(directory) if directory is not None else None
 
     def connect(self, persist: float) -> Optional[socket.socket]:
-        """The holder's socket; None (after starting one, once per process) when none answers."""
+        """The holder's socket; None when none answers (then one is started, and every run of
+        this call goes direct: a call is held or not as a whole, so containers of one host
+        still share one connection in the call that starts the holder)."""
+        with self._lock:
+            if self.started:
+                return None
         sock = connect(self.path)
-        if sock is None and not self.started:
-            self.started = True
-            start_holder(self.path, persist)
+        if sock is None:
+            with self._lock:
+                first, self.started = not self.started, True
+            if first:
+                start_holder(self.path, persist)
         if sock is not None:
             with self._lock:
                 if self.closed:      # the run is being interrupted: start nothing more

@@ -182,3 +182,22 @@ def test_ctrl_c_ends_a_held_run_at_once_and_stops_its_command(lab, tmp_path, run
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.endswith("mldiag: interrupted (0 of 1 targets finished)\n"), err
     wait_for(lambda: not marked(marker), 15, "the holder to stop the command")
+
+
+def test_a_slurm_allocation_runs_through_the_holder_alike(lab, runtime_dir):
+    """The allocation's long-lived srun steps go through the holder as any command does: the
+    same node rows, and the login host's connection reused by the third call."""
+    lab.need("slurm")
+    hosts = lab.hosts_yaml("defaults: {persist: 30, connect_timeout: 5, timeout: 60}\nhosts:\n"
+                           "  cluster-a:\n    address: main\n    slurm: {nodes: 2}\n")
+    sshd = lab.servers["main"]
+    rows, opened = [], []
+    for n in range(3):
+        before = sshd.connection_count()
+        docs = json.loads(ok(run(lab, hosts, runtime_dir, "ping", "-H", "cluster-a", "--json")))
+        rows.append(sorted((d["target"], d["status"]) for d in docs))
+        opened.append(sshd.connection_count() - before)
+        if n == 0:
+            wait_for(lambda: len(sockets(runtime_dir)) == 1, 20, "the holder to listen")
+    assert rows == [[("cluster-a:n1", "ok"), ("cluster-a:n2", "ok")]] * 3, rows
+    assert opened[1:] == [1, 0], opened
