@@ -172,12 +172,16 @@ class AnsibleRuns:
         the CPU time they used (they are detached: os.wait4 of ansible does not count them)."""
         if self.current is None:
             return 0.0
-        mark = str(self.current)
-        me = os.getpid()
-        masters = [p for p in all_pids() if p != me and mark in " ".join(cmdline(p) or [])]
+        masters = marked_pids(str(self.current))
         cpu = sum(process_cpu(p) for p in masters)
         kill_all(masters)
         return cpu
+
+
+def marked_pids(mark: str) -> List[int]:
+    """The processes (not this one) whose command line names ``mark`` (a directory of theirs)."""
+    me = os.getpid()
+    return [p for p in all_pids() if p != me and mark in " ".join(cmdline(p) or [])]
 
 
 def inventory(work: Path, aliases: List[str], name: str) -> Path:
@@ -196,9 +200,7 @@ class DetachedCpu:
         self.before: Dict[int, float] = {}
 
     def _helpers(self) -> Dict[int, float]:
-        me = os.getpid()
-        return {p: process_cpu(p) for p in all_pids()
-                if p != me and self.mark in " ".join(cmdline(p) or [])}
+        return {p: process_cpu(p) for p in marked_pids(self.mark)}
 
     def prepare(self, env: Dict[str, str]) -> Dict[str, str]:
         self.before = self._helpers()

@@ -100,7 +100,7 @@ def handle(conn: socket.socket, state: HolderState) -> None:
         if not isinstance(size, int) or not 0 <= size <= MAX_PAYLOAD:
             raise ValueError("payload: not a size")
         ep = held.endpoint_from_dict(request.get("endpoint"))
-        payload = held._recv_exact(conn, size)
+        payload = held.recv_exact(conn, size)
         conn.settimeout(None)
         transport = SshTransport(ep, state.pool_for(ep))
         try:

@@ -51,7 +51,7 @@ def send_frame(sock: socket.socket, kind: bytes, body: bytes) -> None:
     sock.sendall(_HEAD.pack(kind, len(body)) + body)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     chunks, left = [], n
     while left:
         chunk = sock.recv(min(left, 1 << 20))
@@ -63,10 +63,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_frame(sock: socket.socket, limit: int = MAX_FRAME):
-    kind, size = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+    kind, size = _HEAD.unpack(recv_exact(sock, _HEAD.size))
     if size > limit:
         raise ValueError(f"a {kind!r} frame of {size} bytes (at most {limit})")
-    return kind, _recv_exact(sock, size)
+    return kind, recv_exact(sock, size)
 
 
 def endpoint_to_dict(ep: Endpoint) -> dict:
@@ -274,16 +274,23 @@ class HeldTransport(Transport):
                     stderr = body
                 elif kind == b"X":
                     err = json.loads(body)
-                    raise TransportError(str(err["layer"]), str(err["message"]), err.get("stderr"))
+                    stderr_text = err.get("stderr")
+                    raise TransportError(str(err["layer"]), str(err["message"]),
+                                         stderr_text if isinstance(stderr_text, str) else None)
                 elif kind == b"R":
-                    done = json.loads(body)
-                    if request["op"] == "put":
-                        return None
-                    return ProcessOutput(out.value(), stderr, done["exit_code"],
-                                         timed_out=bool(done["timed_out"]), lost=done["lost"],
-                                         dropped=int(done["dropped"]))
+                    return None if request["op"] == "put" else _ended(json.loads(body), out, stderr)
                 else:
                     raise ValueError(f"an unknown frame {kind!r}")
-        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TransportError("unreachable", f"{self.endpoint.describe()}: mldiag's connection "
                                  f"holder ({self.holder.path}) failed: {exc or type(exc).__name__}")
+
+
+def _ended(done, out: StreamCapture, stderr: bytes) -> ProcessOutput:
+    """How the command ended, as the holder said it: each field of its type, else ValueError."""
+    code, lost = done.get("exit_code"), done.get("lost")
+    if not (isinstance(code, (int, type(None))) and isinstance(lost, (str, type(None)))
+            and isinstance(done.get("timed_out"), bool) and isinstance(done.get("dropped"), int)):
+        raise ValueError("a malformed end of the command")
+    return ProcessOutput(out.value(), stderr, code, timed_out=done["timed_out"], lost=lost,
+                         dropped=done["dropped"])

@@ -2,6 +2,7 @@
 a second call reuses the first's holder, a third its connection; the caller imports no
 paramiko; a caller that goes away stops its command; the holder expires on its own."""
 
+import contextlib
 import glob
 import json
 import os
@@ -99,7 +100,11 @@ def test_the_holder_closes_its_connection_and_exits_after_persist_unused(lab, tm
     assert held.connect(path) is None
 
 
-def test_a_caller_that_goes_away_stops_its_command_on_the_target(lab, tmp_path, runtime_dir):
+@contextlib.contextmanager
+def held_sleeper(lab, tmp_path, runtime_dir):
+    """A held `run-script` whose command sleeps on the target (its argv carries a marker),
+    running once the yield comes: (the caller's process, the marker, the hosts file). The
+    caller is killed on the way out if the test left it running."""
     marker = f"mldiag-held-{uuid.uuid4().hex[:8]}"
     hosts = lab.hosts_yaml("defaults: {persist: 30}\nhosts:\n  main: {}\n")
     ok(run(lab, hosts, runtime_dir, "ping", "-H", "main"))
@@ -111,13 +116,18 @@ def test_a_caller_that_goes_away_stops_its_command_on_the_target(lab, tmp_path, 
                         env={"XDG_RUNTIME_DIR": str(runtime_dir)})
     try:
         wait_for(lambda: remote(marker, proc), 30, "the script to run on the target")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        wait_for(lambda: not marked(marker), 15, "the holder to stop the command")
+        yield proc, marker, hosts
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+            proc.communicate()
+
+
+def test_a_caller_that_goes_away_stops_its_command_on_the_target(lab, tmp_path, runtime_dir):
+    with held_sleeper(lab, tmp_path, runtime_dir) as (proc, marker, hosts):
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        wait_for(lambda: not marked(marker), 15, "the holder to stop the command")
     # and the holder still serves the next call
     assert json.loads(ok(run(lab, hosts, runtime_dir, "ping", "-H", "main", "--json")))[0][
         "status"] == "ok"
@@ -162,23 +172,9 @@ def test_held_jump_chains_and_containers_share_the_holders_connections(lab, runt
 
 
 def test_ctrl_c_ends_a_held_run_at_once_and_stops_its_command(lab, tmp_path, runtime_dir):
-    marker = f"mldiag-held-{uuid.uuid4().hex[:8]}"
-    hosts = lab.hosts_yaml("defaults: {persist: 30}\nhosts:\n  main: {}\n")
-    ok(run(lab, hosts, runtime_dir, "ping", "-H", "main"))
-    wait_for(lambda: len(sockets(runtime_dir)) == 1, 20, "the holder to listen")
-    script = tmp_path / "sleepy.py"
-    script.write_text("import subprocess, sys\n"
-                      "subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n")
-    proc = start_mldiag("run-script", script, "-H", "main", "--hosts-file", hosts, "--", marker,
-                        env={"XDG_RUNTIME_DIR": str(runtime_dir)})
-    try:
-        wait_for(lambda: remote(marker, proc), 30, "the script to run on the target")
+    with held_sleeper(lab, tmp_path, runtime_dir) as (proc, marker, _):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.endswith("mldiag: interrupted (0 of 1 targets finished)\n"), err
     wait_for(lambda: not marked(marker), 15, "the holder to stop the command")

@@ -156,3 +156,17 @@ def test_a_bad_persist_names_its_line(value):
 def test_persist_is_inherited_from_defaults_and_overridden_per_host():
     topo = topology.loads("defaults: {persist: 60}\nhosts:\n  a: {}\n  b: {persist: 0}\n")
     assert topo.targets["a"].host.persist == 60.0 and topo.targets["b"].host.persist == 0.0
+
+
+def test_how_the_command_ended_is_taken_only_in_its_own_types():
+    from diagnostics.hops.base import StreamCapture
+    out = StreamCapture(10, 10)
+    out.feed(b"hi")
+    ended = held._ended({"exit_code": 3, "timed_out": False, "lost": None, "dropped": 0}, out, b"e")
+    assert (ended.stdout, ended.stderr, ended.exit_code, ended.timed_out) == (b"hi", b"e", 3, False)
+    for bad in ({"exit_code": "3", "timed_out": False, "lost": None, "dropped": 0},
+                {"exit_code": None, "timed_out": 1, "lost": None, "dropped": 0},
+                {"exit_code": None, "timed_out": False, "lost": ["x"], "dropped": 0},
+                {"exit_code": None, "timed_out": False, "lost": None}):
+        with pytest.raises(ValueError, match="malformed"):
+            held._ended(bad, out, b"")
