@@ -17,8 +17,11 @@ import shutil
 import textwrap
 from typing import List, Optional, Sequence, Tuple
 
-from invoke import Exit, Program
-from invoke.parser import ParseError
+from .lean_imports import import_invoke
+
+import_invoke()   # before any `import invoke`: without unittest.mock, with the installed PyYAML
+from invoke import Exit, Program  # noqa: E402
+from invoke.parser import ParseError  # noqa: E402
 
 from . import __version__, tasks, topology
 from .errors import EXIT_BAD_INPUT

@@ -26,6 +26,7 @@ if TYPE_CHECKING:   # imported for real where a connection is opened (see _open_
     import paramiko
 
 from .. import wire
+from ..lean_imports import import_paramiko
 from . import held
 from ..topology import is_safe_token
 from .base import (OnStdout, ProcessOutput, StreamCapture, Transport, TransportError,
@@ -324,7 +325,7 @@ class SshPool:
     def _tunnel(self, ep: Endpoint):
         """A direct-tcpip channel through the jump host's pooled connection, and that
         connection (in use until ``_open`` hands the use over to the new connection)."""
-        import paramiko
+        paramiko = import_paramiko()
         try:
             jump = self.acquire(ep.jump)
         except TransportError as exc:
@@ -367,7 +368,7 @@ class SshPool:
 
     @staticmethod
     def _proxy_command(ep: Endpoint):
-        import paramiko
+        paramiko = import_paramiko()
         try:
             return paramiko.ProxyCommand(ep.proxy_command)
         except OSError as exc:
@@ -384,8 +385,8 @@ class SshPool:
         # NOTE: imported here, not at the top: paramiko and Fabric cost a process more than
         # the rest of mldiag together (~80 ms here), and a run on this machine, `mldiag hosts`
         # or a run through the connection holder (hops/held.py) opens no SSH connection.
+        paramiko = import_paramiko()
         import fabric
-        import paramiko
 
         from .knownhosts import HostKeyRefused, trust_known_hosts
         # An empty SSHConfig: ssh_config was already applied through `ssh -G`.
@@ -467,7 +468,7 @@ class SshTransport(Transport):
         tells the runtime the client went away) unless ``close_stdin``.  Nothing here waits
         past ``deadline``, the write of a payload the command never reads included.
         ``stop`` (the connection holder's): once set, the channel is closed within a second."""
-        import paramiko
+        paramiko = import_paramiko()
         command = join_checked(argv)
         pooled = self.pool.acquire(self.endpoint)
         try:
@@ -495,7 +496,7 @@ class SshTransport(Transport):
         """Write ``data`` to ``path`` (mode 0600) over SFTP; where the host has no SFTP
         subsystem, through an exec channel's stdin into ``install -m 600 /dev/stdin PATH``
         (the path is ours and checked like every token; the data never touches a command line)."""
-        import paramiko
+        paramiko = import_paramiko()
         pooled = self.pool.acquire(self.endpoint)
         try:
             with pooled.slots:
