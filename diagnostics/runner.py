@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import bundle, redact, shards, wire
 from .errors import InputError
-from .hops import chain_for, local, transport_for
+from .hops import chain_for, local, sshg_cache, transport_for
 from .hops.base import (TransportError, concurrent_runs_allowed, descriptors_error, first_line,
                         out_of_descriptors)
 from .hops.slurm import SlurmAllocation, SrunStep, allocate_all
@@ -208,6 +208,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
         # at most RESOLVERS (128 at once at --parallel 256 was about 1 GB of short-lived children)
         with ThreadPoolExecutor(max_workers=max(1, min(workers // 2, RESOLVERS))) as resolver:
             endpoints = list(resolver.map(lambda p: _endpoint_of(p, pool), planned))
+        sshg_cache.flush()   # the `ssh -G` answers this run asked for, for the next run
         for endpoint in endpoints:
             if endpoint is not None:
                 pool.plan(endpoint)

@@ -70,6 +70,7 @@ def resolved_keys(targets: Sequence[Target]) -> List[tuple]:
     process: the workers forked later inherit the answers). A target that does not resolve
     keeps its hosts.yaml key; its own run says why."""
     from concurrent.futures import ThreadPoolExecutor
+    from .hops import sshg_cache
     from .hops.sshconfig import resolve
 
     def key(target: Target) -> tuple:
@@ -81,7 +82,9 @@ def resolved_keys(targets: Sequence[Target]) -> List[tuple]:
             return shard_key(target)
 
     with ThreadPoolExecutor(max_workers=RESOLVERS) as ex:   # joined: no thread left at the fork
-        return list(ex.map(key, targets))
+        keys = list(ex.map(key, targets))
+    sshg_cache.flush()
+    return keys
 
 
 def requested_workers(environ=os.environ) -> Optional[int]:

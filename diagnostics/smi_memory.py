@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import InputError
+from .ownfile import read_own
 from .savedir import SaveDir
 
 FILE = "nvidia-smi.json"
@@ -70,20 +71,11 @@ def load(directory: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:
     directory = directory or cache_dir()
     if directory is None or not _own_dir(directory):
         return {}
+    data = read_own(directory / FILE, MAX_BYTES)
     try:
-        fd = os.open(directory / FILE, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        raw = json.loads(data.decode("utf-8")) if data is not None else None
+    except ValueError:
         return {}
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_BYTES:
-            return {}
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = json.loads(f.read(MAX_BYTES).decode("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    finally:
-        os.close(fd)
     if not isinstance(raw, dict):
         return {}
     kept = {name: e for name, e in ((n, entry(v)) for n, v in raw.items() if isinstance(n, str))

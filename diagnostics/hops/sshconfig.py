@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import InputError
 from ..topology import SshHost
+from . import sshg_cache
 
 # OpenSSH's ControlPersist=yes (or 0) keeps a master until it is told to exit; a held
 # connection here always expires (hops/held.py): "forever" is this long unused.
@@ -63,7 +64,8 @@ _cache_lock = threading.Lock()
 
 
 def ssh_dash_g(alias: str, port: Optional[int] = None, user: Optional[str] = None) -> Dict[str, List[str]]:
-    """``ssh -G`` output as {lowercase key: [values...]} (cached per process)."""
+    """``ssh -G`` output as {lowercase key: [values...]} (cached per process, and between
+    processes while the config and what it depends on are unchanged: sshg_cache.py)."""
     config = os.environ.get("MLDIAG_SSH_CONFIG")
     key = (alias, port, user, config)
     with _cache_lock:
@@ -81,13 +83,18 @@ def ssh_dash_g(alias: str, port: Optional[int] = None, user: Optional[str] = Non
         if user:
             argv += ["-l", user]
         argv += ["--", alias]
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=10)
-        if proc.returncode != 0:
-            raise InputError(f"ssh -G {alias} failed: {proc.stderr.decode(errors='replace').strip()}",
-                             key="ssh_config")
+        kept, store = sshg_cache.lookup(ssh, config, sshg_cache.answer_key(alias, port, user))
+        if kept is None:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, timeout=10)
+            if proc.returncode != 0:
+                raise InputError(f"ssh -G {alias} failed: "
+                                 f"{proc.stderr.decode(errors='replace').strip()}", key="ssh_config")
+            kept = proc.stdout.decode(errors="replace")
+            if store is not None:
+                sshg_cache.keep(store, sshg_cache.answer_key(alias, port, user), kept)
         result = {}
-        for line in proc.stdout.decode(errors="replace").splitlines():
+        for line in kept.splitlines():
             k, _, v = line.partition(" ")
             result.setdefault(k.lower(), []).append(v)
     with _cache_lock:

@@ -1,0 +1,292 @@
+"""``ssh -G`` answers kept between runs, while nothing they depend on has changed.
+
+Each SSH target's ssh_config is one ``ssh -G`` child: about 5 ms of CPU per target on the
+bench machine (the ssh binary's 3.6 ms, the rest the fork), on the critical path of a one-target
+run and 0.16 s of a 32-target one. Its answer is a function of its command line, the ssh binary,
+the config files it reads and a few facts of this user and machine, unless the config runs a
+command or asks the network. So an answer is kept under a digest of all of those, and asked
+again whenever any of them changes:
+- the files: the config (``-F``, else ``~/.ssh/config`` and ``/etc/ssh/ssh_config``) and every
+  file its ``Include`` lines name, globs expanded now (a new file in ``ssh_config.d`` changes
+  the digest), each by path, content, owner and mode (ssh refuses a config others may write);
+- the ssh binary (path, size, mtime, inode), the user (uid, home directory, ``$USER``), this
+  machine's name (``%L``, ``%l``) and the value of every ``${VAR}`` a config names;
+- never kept: a config with ``Match exec``, ``localnetwork``, ``canonical`` or ``final``,
+  or ``CanonicalizeHostname`` on (answered through DNS), in any of its files; an unreadable
+  file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed ``ssh -G``.
+
+Where: ``<dir>/sshg-<digest>.json`` in the user's private directory (``held.private_dir``: the
+user's own, 0700, not a link), written 0600 through a temp file and a rename, read through no
+link from a regular file of the user's own and at most MAX_BYTES long; a damaged file is
+ignored. The answers of the KEEP_STATES most recent states are kept. ``$MLDIAG_SSH_G_CACHE=0``
+turns this off. What the file says decides where mldiag connects (a ProxyCommand too): it is
+exactly as trusted as the user's own ssh_config, which only the user can change.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import re
+import socket
+import stat
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..ownfile import read_own
+
+ENV_SWITCH = "MLDIAG_SSH_G_CACHE"
+FORMAT = 1
+MAX_FILES = 64            # files of one config closure
+MAX_DEPTH = 16            # Include nesting (OpenSSH's READCONF_MAX_DEPTH)
+MAX_FILE_BYTES = 1 << 20  # one config file
+MAX_BYTES = 16 << 20      # one state's answers
+MAX_ANSWERS = 8192
+KEEP_STATES = 8
+SAVE_EVERY_S = 1.0   # a fan-out's first run writes its answers a few times, not once per target
+
+_REFUSED_MATCH = {"exec", "localnetwork", "canonical", "final"}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_lock = threading.Lock()
+
+
+class NotKept(Exception):
+    """This config's answers may change with no file changing: ask ``ssh -G`` each time."""
+
+
+def _words(line: str) -> List[str]:
+    """An ssh_config line's words: ``keyword value...`` or ``keyword=value``; double quotes
+    group; ``#`` starts a comment."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return []
+    head, sep, tail = line.partition("=")
+    if sep and " " not in head.strip() and "\t" not in head.strip():
+        line = head.strip() + " " + tail
+    words, current, quoted, started = [], [], False, False
+    for c in line:
+        if c == '"':
+            quoted, started = not quoted, True
+        elif c in " \t" and not quoted:
+            if started:
+                words.append("".join(current))
+            current, started = [], False
+        else:
+            current.append(c)
+            started = True
+    if started:
+        words.append("".join(current))
+    return words
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NotKept(f"{path}: {exc}")
+    if len(data) > MAX_FILE_BYTES:
+        raise NotKept(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def config_closure(roots: List[Tuple[str, str]]) -> List[list]:
+    """``[[path, sha256 or None (missing), uid, mode], ...]`` of every file ssh would read,
+    from ``roots`` (``(path, directory its relative Includes are under)``), Includes followed
+    in order. Raises NotKept for a config whose answers no file pins down."""
+    out: List[list] = []
+
+    def visit(path: str, base: str, depth: int) -> None:
+        if depth > MAX_DEPTH or len(out) >= MAX_FILES:
+            raise NotKept("Include nesting or file count past the limit")
+        data = _read(path)
+        if data is None:
+            out.append([path, None, None, None])
+            return
+        st = os.stat(path)
+        out.append([path, hashlib.sha256(data).hexdigest(), st.st_uid, stat.S_IMODE(st.st_mode)])
+        text = data.decode("utf-8", errors="replace")
+        for line in text.splitlines():
+            words = _words(line)
+            if not words:
+                continue
+            keyword = words[0].lower()
+            if keyword == "match" and any(w.lstrip("!").lower() in _REFUSED_MATCH for w in words[1:]):
+                raise NotKept(f"{path}: Match {' '.join(words[1:])}")
+            if keyword == "canonicalizehostname" and len(words) > 1 and \
+                    words[1].lower() not in ("no", "false"):
+                raise NotKept(f"{path}: CanonicalizeHostname {words[1]}")
+            if keyword == "include":
+                for pattern in words[1:]:
+                    pattern = os.path.expanduser(pattern)
+                    if not pattern.startswith("/"):
+                        pattern = os.path.join(base, pattern)
+                    matches = sorted(glob.glob(pattern))
+                    out.append(["glob", pattern, matches, None])
+                    for match in matches:
+                        if os.path.isfile(match):
+                            visit(match, base, depth + 1)
+
+    for path, base in roots:
+        visit(path, base, 0)
+    return out
+
+
+def _roots(config: Optional[str]) -> List[Tuple[str, str]]:
+    user_dir = os.path.expanduser("~/.ssh")
+    if config:
+        return [(config, user_dir)]
+    return [(os.path.join(user_dir, "config"), user_dir), ("/etc/ssh/ssh_config", "/etc/ssh")]
+
+
+def state_digest(ssh: str, config: Optional[str], environ=os.environ) -> str:
+    """The digest of everything an ``ssh -G`` answer depends on but its own arguments."""
+    closure = config_closure(_roots(config))
+    names = set()
+    for entry in closure:
+        if entry[1] and entry[0] != "glob":
+            with open(entry[0], "rb") as f:
+                names.update(_ENV_REF.findall(f.read(MAX_FILE_BYTES).decode("utf-8", "replace")))
+    try:
+        import pwd
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        home = ""
+    st = os.stat(ssh)
+    facts = {"format": FORMAT, "ssh": [ssh, st.st_size, st.st_mtime_ns, st.st_ino],
+             "config": config, "files": closure, "uid": os.getuid(), "home": home,
+             "user": environ.get("USER", ""), "host": socket.gethostname(),
+             "env": {name: environ.get(name) for name in sorted(names)}}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def enabled(environ=os.environ) -> bool:
+    return environ.get(ENV_SWITCH, "1").strip() not in ("0", "no", "false", "off")
+
+
+class AnswerFile:
+    """The kept answers of one state: ``{argument key: ssh -G stdout}``."""
+
+    def __init__(self, directory: str, digest: str):
+        self.directory = directory
+        self.name = f"sshg-{digest}.json"
+        self.answers: Dict[str, str] = self._load()
+        self.dirty = False
+        self.saved_at = 0.0
+
+    def _dir_fd(self) -> int:
+        return os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def _load(self) -> Dict[str, str]:
+        try:
+            dfd = self._dir_fd()
+        except OSError:
+            return {}
+        try:
+            data = read_own(self.name, MAX_BYTES, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        try:
+            doc = json.loads(data) if data is not None else None
+        except ValueError:
+            return {}
+        answers = doc.get("answers") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+        if not isinstance(answers, dict):
+            return {}
+        return {k: v for k, v in answers.items() if isinstance(k, str) and isinstance(v, str)}
+
+    def save(self) -> None:
+        """Write the answers (a temp file renamed over the old one) and remove the files of
+        all but the KEEP_STATES most recent states."""
+        self.dirty, self.saved_at = False, time.monotonic()
+        if len(self.answers) > MAX_ANSWERS:
+            return
+        data = json.dumps({"format": FORMAT, "answers": self.answers}).encode()
+        if len(data) > MAX_BYTES:
+            return
+        try:
+            dfd = self._dir_fd()
+        except OSError:
+            return
+        temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(temp, self.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            self._prune(dfd)
+        except OSError:
+            try:
+                os.unlink(temp, dir_fd=dfd)
+            except OSError:
+                pass
+        finally:
+            os.close(dfd)
+
+    def _prune(self, dfd: int) -> None:
+        kept = []
+        for name in os.listdir(dfd):
+            if name.startswith("sshg-") and name.endswith(".json") and name != self.name:
+                try:
+                    kept.append((os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, name))
+                except OSError:
+                    pass
+        for _, name in sorted(kept, reverse=True)[KEEP_STATES - 1:]:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+
+
+_files: Dict[Tuple[str, str], AnswerFile] = {}
+
+
+def answer_key(alias: str, port: Optional[int], user: Optional[str]) -> str:
+    return json.dumps([alias, port, user])
+
+
+def lookup(ssh: str, config: Optional[str], key: str) -> Tuple[Optional[str], Optional[AnswerFile]]:
+    """(the kept answer or None, the file to keep a new answer in or None)."""
+    if not enabled():
+        return None, None
+    from .held import private_dir
+    directory = private_dir()
+    if directory is None:
+        return None, None
+    try:
+        digest = state_digest(ssh, config)
+    except (NotKept, OSError):
+        return None, None
+    with _lock:
+        store = _files.get((directory, digest))
+        if store is None:
+            store = _files[(directory, digest)] = AnswerFile(directory, digest)
+        return store.answers.get(key), store
+
+
+def keep(store: AnswerFile, key: str, answer: str) -> None:
+    """Keep a new answer: written at once when the last write is SAVE_EVERY_S old, else by
+    ``flush`` (a run calls it when its targets are resolved)."""
+    with _lock:
+        if store.answers.get(key) == answer:
+            return
+        store.answers[key] = answer
+        store.dirty = True
+        if time.monotonic() - store.saved_at >= SAVE_EVERY_S:
+            store.save()
+
+
+def flush() -> None:
+    """Write every state's answers kept since its last write."""
+    with _lock:
+        for store in _files.values():
+            if store.dirty:
+                store.save()
