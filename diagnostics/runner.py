@@ -206,9 +206,10 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
         results: List[Optional[Result]] = [p if isinstance(p, Result) else None for p in planned]
         # NOTE: resolving runs `ssh -G` (a child with pipes): fewer at once than the runs, and
         # at most RESOLVERS (128 at once at --parallel 256 was about 1 GB of short-lived children)
-        with ThreadPoolExecutor(max_workers=max(1, min(workers // 2, RESOLVERS))) as resolver:
+        # (the batch: the config's state read once, this run's new `ssh -G` answers kept)
+        with sshg_cache.batch(), \
+                ThreadPoolExecutor(max_workers=max(1, min(workers // 2, RESOLVERS))) as resolver:
             endpoints = list(resolver.map(lambda p: _endpoint_of(p, pool), planned))
-        sshg_cache.flush()   # the `ssh -G` answers this run asked for, for the next run
         for endpoint in endpoints:
             if endpoint is not None:
                 pool.plan(endpoint)

@@ -81,10 +81,9 @@ def resolved_keys(targets: Sequence[Target]) -> List[tuple]:
         except Exception:
             return shard_key(target)
 
-    with ThreadPoolExecutor(max_workers=RESOLVERS) as ex:   # joined: no thread left at the fork
-        keys = list(ex.map(key, targets))
-    sshg_cache.flush()
-    return keys
+    # the executor is joined (no thread left at the fork); the batch keeps the new `ssh -G` answers
+    with sshg_cache.batch(), ThreadPoolExecutor(max_workers=RESOLVERS) as ex:
+        return list(ex.map(key, targets))
 
 
 def requested_workers(environ=os.environ) -> Optional[int]:

@@ -44,10 +44,12 @@ MAX_FILE_BYTES = 1 << 20  # one config file
 MAX_BYTES = 16 << 20      # one state's answers
 MAX_ANSWERS = 8192
 KEEP_STATES = 8
-SAVE_EVERY_S = 1.0   # a fan-out's first run writes its answers a few times, not once per target
+SAVE_EVERY_S = 1.0   # outside a batch: many answers are written a few times, not once each
 
 _REFUSED_MATCH = {"exec", "localnetwork", "canonical", "final"}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# the only lines read word by word: a fleet's config is hundreds of Host blocks
+_LINES_THAT_MATTER = re.compile(r"^[ \t]*(?:include|match|canonicalizehostname)\b.*$", re.I | re.M)
 _lock = threading.Lock()
 
 
@@ -93,11 +95,13 @@ def _read(path: str) -> Optional[bytes]:
     return data
 
 
-def config_closure(roots: List[Tuple[str, str]]) -> List[list]:
+def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None) -> List[list]:
     """``[[path, sha256 or None (missing), uid, mode], ...]`` of every file ssh would read,
     from ``roots`` (``(path, directory its relative Includes are under)``), Includes followed
-    in order. Raises NotKept for a config whose answers no file pins down."""
+    in order; ``names`` gets the ``${VAR}`` names they use. Raises NotKept for a config whose
+    answers no file pins down."""
     out: List[list] = []
+    names = set() if names is None else names
 
     def visit(path: str, base: str, depth: int) -> None:
         if depth > MAX_DEPTH or len(out) >= MAX_FILES:
@@ -109,8 +113,9 @@ def config_closure(roots: List[Tuple[str, str]]) -> List[list]:
         st = os.stat(path)
         out.append([path, hashlib.sha256(data).hexdigest(), st.st_uid, stat.S_IMODE(st.st_mode)])
         text = data.decode("utf-8", errors="replace")
-        for line in text.splitlines():
-            words = _words(line)
+        names.update(_ENV_REF.findall(text))
+        for found in _LINES_THAT_MATTER.finditer(text):
+            words = _words(found.group(0))
             if not words:
                 continue
             keyword = words[0].lower()
@@ -144,12 +149,8 @@ def _roots(config: Optional[str]) -> List[Tuple[str, str]]:
 
 def state_digest(ssh: str, config: Optional[str], environ=os.environ) -> str:
     """The digest of everything an ``ssh -G`` answer depends on but its own arguments."""
-    closure = config_closure(_roots(config))
-    names = set()
-    for entry in closure:
-        if entry[1] and entry[0] != "glob":
-            with open(entry[0], "rb") as f:
-                names.update(_ENV_REF.findall(f.read(MAX_FILE_BYTES).decode("utf-8", "replace")))
+    names: set = set()
+    closure = config_closure(_roots(config), names)
     try:
         import pwd
         home = pwd.getpwuid(os.getuid()).pw_dir
@@ -247,6 +248,36 @@ class AnswerFile:
 
 
 _files: Dict[Tuple[str, str], AnswerFile] = {}
+# Within one resolve phase (``batch``) the state is read once, not once per target.
+_batch: Dict[str, object] = {"depth": 0, "digests": {}}
+
+
+class batch:
+    """``with batch():`` around resolving a run's targets: the config's state is read once for
+    all of them, and the new answers are written at the end."""
+
+    def __enter__(self):
+        with _lock:
+            _batch["depth"] += 1
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            _batch["depth"] -= 1
+            if not _batch["depth"]:
+                _batch["digests"] = {}
+        flush()
+
+
+def _state(ssh: str, config: Optional[str]) -> str:
+    with _lock:
+        found = _batch["digests"].get((ssh, config)) if _batch["depth"] else None
+    if found is None:
+        found = state_digest(ssh, config)     # NotKept is raised each time: it is not memoized
+        with _lock:
+            if _batch["depth"]:
+                _batch["digests"][(ssh, config)] = found
+    return found
 
 
 def answer_key(alias: str, port: Optional[int], user: Optional[str]) -> str:
@@ -262,7 +293,7 @@ def lookup(ssh: str, config: Optional[str], key: str) -> Tuple[Optional[str], Op
     if directory is None:
         return None, None
     try:
-        digest = state_digest(ssh, config)
+        digest = _state(ssh, config)
     except (NotKept, OSError):
         return None, None
     with _lock:
@@ -273,14 +304,14 @@ def lookup(ssh: str, config: Optional[str], key: str) -> Tuple[Optional[str], Op
 
 
 def keep(store: AnswerFile, key: str, answer: str) -> None:
-    """Keep a new answer: written at once when the last write is SAVE_EVERY_S old, else by
-    ``flush`` (a run calls it when its targets are resolved)."""
+    """Keep a new answer: written by the end of the ``batch`` around it, else at once when the
+    last write is SAVE_EVERY_S old, else by the next ``flush``."""
     with _lock:
         if store.answers.get(key) == answer:
             return
         store.answers[key] = answer
         store.dirty = True
-        if time.monotonic() - store.saved_at >= SAVE_EVERY_S:
+        if not _batch["depth"] and time.monotonic() - store.saved_at >= SAVE_EVERY_S:
             store.save()
 
 

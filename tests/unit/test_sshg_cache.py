@@ -237,3 +237,22 @@ def test_only_the_most_recent_states_are_kept(tmp_path):
     names = sorted(p.name for p in d.iterdir())
     assert len(names) == sshg_cache.KEEP_STATES
     assert f"sshg-state{sshg_cache.KEEP_STATES + 2:02d}.json" in names and "sshg-state00.json" not in names
+
+
+@needs_ssh
+def test_a_batch_reads_the_state_once_and_writes_its_answers_at_the_end(tmp_path, monkeypatch,
+                                                                       counted_ssh):
+    config = write_config(tmp_path / "cfg", "10.1.2.3", "Host other\n  HostName 10.5.5.5\n")
+    monkeypatch.setenv("MLDIAG_SSH_CONFIG", str(config))
+    reads = []
+    real = sshg_cache.state_digest
+    monkeypatch.setattr(sshg_cache, "state_digest", lambda *a: reads.append(a) or real(*a))
+    with sshg_cache.batch():
+        sshconfig.ssh_dash_g("box")
+        sshconfig.ssh_dash_g("other")
+        assert not list(Path(os.environ["XDG_RUNTIME_DIR"], "mldiag").glob("sshg-*"))   # not yet
+    assert len(reads) == 1 and len(list(Path(os.environ["XDG_RUNTIME_DIR"], "mldiag").glob("sshg-*"))) == 1
+    write_config(config, "10.7.7.7")            # after the batch: the state is read again
+    new_process(monkeypatch)
+    assert sshconfig.ssh_dash_g("box")["hostname"] == ["10.7.7.7"]
+    assert len(reads) == 2 and counted_ssh() == 3
