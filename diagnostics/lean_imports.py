@@ -54,6 +54,9 @@ def _real(name: str):
 def _import_with(name: str, stand_ins: Dict[str, Callable[[], object]]):
     """``import name`` with each absent module of ``stand_ins`` replaced by what its factory
     makes, for the duration of that import only."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and not getattr(getattr(loaded, "__spec__", None), "_initializing", False):
+        return loaded   # the common case, once per connection: no lock
     with _lock:
         if name in sys.modules:
             return sys.modules[name]

@@ -83,7 +83,8 @@ def ssh_dash_g(alias: str, port: Optional[int] = None, user: Optional[str] = Non
         if user:
             argv += ["-l", user]
         argv += ["--", alias]
-        kept, store = sshg_cache.lookup(ssh, config, sshg_cache.answer_key(alias, port, user))
+        asked = sshg_cache.answer_key(alias, port, user)
+        kept, store = sshg_cache.lookup(ssh, config, asked)
         if kept is None:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, timeout=10)
@@ -92,7 +93,7 @@ def ssh_dash_g(alias: str, port: Optional[int] = None, user: Optional[str] = Non
                                  f"{proc.stderr.decode(errors='replace').strip()}", key="ssh_config")
             kept = proc.stdout.decode(errors="replace")
             if store is not None:
-                sshg_cache.keep(store, sshg_cache.answer_key(alias, port, user), kept)
+                sshg_cache.keep(store, asked, kept)
         result = {}
         for line in kept.splitlines():
             k, _, v = line.partition(" ")

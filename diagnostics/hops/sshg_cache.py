@@ -13,13 +13,14 @@ again whenever any of them changes:
   machine's name (``%L``, ``%l``) and the value of every ``${VAR}`` a config names;
 - never kept: a config with ``Match exec``, ``localnetwork``, ``canonical`` or ``final``,
   or ``CanonicalizeHostname`` on (answered through DNS), in any of its files; an unreadable
-  file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed ``ssh -G``.
+  file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed
+  ``ssh -G``.
 
 Where: ``<dir>/sshg-<digest>.json`` in the user's private directory (``held.private_dir``: the
-user's own, 0700, not a link), written 0600 through a temp file and a rename, read through no
-link from a regular file of the user's own and at most MAX_BYTES long; a damaged file is
-ignored. The answers of the KEEP_STATES most recent states are kept. ``$MLDIAG_SSH_G_CACHE=0``
-turns this off. What the file says decides where mldiag connects (a ProxyCommand too): it is
+user's own, 0700, not a link), written 0600 through ``SaveDir`` (a temp file and a rename),
+read through no link from a regular file of the user's own and at most MAX_BYTES long; a
+damaged file is ignored. The answers of the KEEP_STATES most recent states are kept.
+``$MLDIAG_SSH_G_CACHE=0`` turns this off. What the file says decides where mldiag connects (a ProxyCommand too): it is
 exactly as trusted as the user's own ssh_config, which only the user can change.
 """
 
@@ -34,7 +35,9 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from ..errors import InputError
 from ..ownfile import read_own
+from ..savedir import SaveDir
 
 ENV_SWITCH = "MLDIAG_SSH_G_CACHE"
 FORMAT = 1
@@ -119,7 +122,8 @@ def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None) ->
             if not words:
                 continue
             keyword = words[0].lower()
-            if keyword == "match" and any(w.lstrip("!").lower() in _REFUSED_MATCH for w in words[1:]):
+            criteria = [w.lstrip("!").lower() for w in words[1:]]
+            if keyword == "match" and _REFUSED_MATCH.intersection(criteria):
                 raise NotKept(f"{path}: Match {' '.join(words[1:])}")
             if keyword == "canonicalizehostname" and len(words) > 1 and \
                     words[1].lower() not in ("no", "false"):
@@ -194,50 +198,37 @@ class AnswerFile:
             doc = json.loads(data) if data is not None else None
         except ValueError:
             return {}
-        answers = doc.get("answers") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return {}
+        answers = doc.get("answers")
         if not isinstance(answers, dict):
             return {}
         return {k: v for k, v in answers.items() if isinstance(k, str) and isinstance(v, str)}
 
     def save(self) -> None:
-        """Write the answers (a temp file renamed over the old one) and remove the files of
-        all but the KEEP_STATES most recent states."""
+        """Write the answers through the project's one no-follow writer (``SaveDir``: a fresh
+        ``O_EXCL|O_NOFOLLOW`` temp file renamed over the old one) and remove the files of all
+        but the KEEP_STATES most recent states."""
         self.dirty, self.saved_at = False, time.monotonic()
         if len(self.answers) > MAX_ANSWERS:
             return
-        data = json.dumps({"format": FORMAT, "answers": self.answers}).encode()
-        if len(data) > MAX_BYTES:
+        text = json.dumps({"format": FORMAT, "answers": self.answers})
+        if len(text) > MAX_BYTES:
             return
         try:
-            dfd = self._dir_fd()
-        except OSError:
-            return
-        temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=dfd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(temp, self.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            self._prune(dfd)
-        except OSError:
-            try:
-                os.unlink(temp, dir_fd=dfd)
-            except OSError:
-                pass
-        finally:
-            os.close(dfd)
+            with SaveDir.open(self.directory) as directory:
+                directory.write_text(self.name, lambda stream: stream.write(text))
+                self._prune(directory.fd)
+        except (InputError, OSError):
+            pass
 
     def _prune(self, dfd: int) -> None:
         kept = []
         for name in os.listdir(dfd):
             if name.startswith("sshg-") and name.endswith(".json") and name != self.name:
                 try:
-                    kept.append((os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, name))
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    kept.append((st.st_mtime_ns, name))
                 except OSError:
                     pass
         for _, name in sorted(kept, reverse=True)[KEEP_STATES - 1:]:
