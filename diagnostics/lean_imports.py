@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import types
+from contextlib import contextmanager
 from typing import Callable, Dict, Optional
 
 _lock = threading.Lock()   # the stand-ins are process-wide: one import at a time installs them
@@ -90,10 +91,46 @@ def _mock_stand_in():
 
 def _installed_yaml():
     try:
-        import yaml   # PyYAML: a dependency of mldiag (hosts.yaml)
+        with _lazy_patterns_of("yaml.reader"):
+            import yaml   # PyYAML: a dependency of mldiag (hosts.yaml)
     except ImportError:
         return None   # Invoke imports its own copy as before
     return yaml
+
+
+class _LazyPattern:
+    """``re.compile(pattern, flags)``, compiled when first used."""
+
+    def __init__(self, pattern, flags):
+        self._args = (pattern, flags)
+        self._compiled = None
+
+    def __getattr__(self, attr):
+        if self._compiled is None:
+            import re
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, attr)
+
+
+@contextmanager
+def _lazy_patterns_of(module_name: str):
+    """While this runs, ``re.compile`` called from the module ``module_name`` returns a
+    _LazyPattern. PyYAML's pure-Python reader compiles its NON_PRINTABLE class (all of Unicode
+    but the printable planes) at import: ~5.5 ms of every run, for a reader that mldiag, which
+    parses with libyaml's CSafeLoader where it is installed, never uses there."""
+    import re
+    real = re.compile
+
+    def compile(pattern, flags=0):
+        if sys._getframe(1).f_globals.get("__name__") == module_name:
+            return _LazyPattern(pattern, flags)
+        return real(pattern, flags)
+
+    re.compile = compile
+    try:
+        yield
+    finally:
+        re.compile = real
 
 
 def import_invoke():

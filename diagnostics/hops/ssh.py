@@ -306,8 +306,11 @@ class SshPool:
             self._changed.notify_all()
 
     def _socket(self, ep: Endpoint):
+        # An ASCII name goes to getaddrinfo as bytes: as text, Python encodes it with the IDNA
+        # codec, whose import (encodings.idna, stringprep, unicodedata) costs a run ~4 ms.
+        host = ep.hostname.encode("ascii") if ep.hostname.isascii() else ep.hostname
         try:
-            sock = socket.create_connection((ep.hostname, ep.port), timeout=ep.connect_timeout)
+            sock = socket.create_connection((host, ep.port), timeout=ep.connect_timeout)
         except socket.gaierror as exc:
             raise TransportError("unreachable", f"cannot resolve {ep.hostname}: {exc.strerror}")
         except socket.timeout:

@@ -222,3 +222,13 @@ if __name__ == "__main__" and "b" in globals():
     g["RUNTIME_SOURCE"] = src
     g["load_code"] = load_code
     g["main"](b)   # noqa: F821
+    # The frame is out (written with os.write) and the private dir is gone: end here, without
+    # the interpreter's teardown (freeing every module: ~3.5 ms of CPU on every run). An
+    # exception from main takes the ordinary way out, with its traceback.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    import os
+    os._exit(0)

@@ -91,9 +91,8 @@ import errno
 import json
 import os
 import re
-import shutil
+import select
 import signal
-import subprocess
 import sys
 import time
 
@@ -464,7 +463,9 @@ class ToolRun(object):
         self.timed_out = False
         self.start_error = None
         self.duration_s = 0.0
-        self._proc = None
+        self._proc = None      # a subprocess.Popen where posix_spawnp cannot be used
+        self._pid = None       # the command started through posix_spawnp
+        self._pipes = self._out = self._err = None
         self._t0 = time.monotonic()
 
     @property
@@ -477,9 +478,50 @@ class ToolRun(object):
 
 
 def start_tool(argv):
+    """Start ``argv`` in a session of its own, stdin from /dev/null, stdout and stderr piped.
+    Through ``posix_spawnp`` where the C library can start a session that way (glibc 2.26+,
+    musl 1.1.17+): subprocess costs its import (~6 ms of CPU, threading and selectors with it)
+    on every target, where this diagnostic starts two short commands. Elsewhere subprocess."""
     run = ToolRun(argv)
+    spawn = getattr(os, "posix_spawnp", None)
+    if spawn is None or _SPAWN_FALLBACK:
+        return _start_with_subprocess(run)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        run._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            run._pid = spawn(argv[0], argv, os.environ, setsid=True,
+                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess restores them
+                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
+                                           (os.POSIX_SPAWN_DUP2, out_w, 1),
+                                           (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        finally:
+            os.close(devnull)
+    except NotImplementedError:   # no POSIX_SPAWN_SETSID in this C library
+        _SPAWN_FALLBACK.append(True)
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+        return _start_with_subprocess(run)
+    except OSError as e:  # missing, not executable, bad interpreter line
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+        run.start_error = "%s: %s" % (type(e).__name__, e.strerror or e)
+        return run
+    os.close(out_w)
+    os.close(err_w)
+    run._pipes = {out_r: [], err_r: []}
+    run._out, run._err = out_r, err_r
+    return run
+
+
+_SPAWN_FALLBACK = []   # [True] once posix_spawnp said it cannot start a session here
+
+
+def _start_with_subprocess(run):
+    import subprocess
+    try:
+        run._proc = subprocess.Popen(run.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:  # missing, not executable, bad interpreter line
         run.start_error = "%s: %s" % (type(e).__name__, e.strerror or e)
@@ -488,14 +530,88 @@ def start_tool(argv):
 
 def finish_tool(run, deadline):
     """Wait for a started command until ``deadline`` (monotonic); kill its process group after."""
-    proc = run._proc
-    if proc is None:
+    if run._proc is not None:
+        return _finish_subprocess(run, deadline)
+    if run._pid is None:
         return run
+    pipes = run._pipes
+    status = None
+    if _drain(pipes, deadline):
+        status = _wait(run._pid, deadline)   # the pipes may close before the command exits
+    if status is None:
+        run.timed_out = True
+        _kill_group(run._pid)
+        if not _drain(pipes, time.monotonic() + 2):   # a grandchild in another session holds them
+            for fd in pipes:
+                pipes[fd] = []
+        status = _wait(run._pid, None)
+    for fd in list(pipes):
+        os.close(fd)
+    run.returncode = _exit_code(status)
+    run.stdout = b"".join(pipes[run._out]).decode("utf-8", "replace")
+    run.stderr = b"".join(pipes[run._err]).decode("utf-8", "replace")
+    run.duration_s = time.monotonic() - run._t0
+    run._pid = run._pipes = None
+    return run
+
+
+def _drain(pipes, deadline):
+    """Read every pipe in ``pipes`` ({fd: [chunks]}) to its end; False if ``deadline`` came first."""
+    open_fds = list(pipes)
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            ready, _, _ = select.select(open_fds, [], [], left)
+        except InterruptedError:
+            continue
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if chunk:
+                pipes[fd].append(chunk)
+            else:
+                open_fds.remove(fd)
+    return True
+
+
+def _wait(pid, deadline):
+    """The wait status of ``pid``; None if it still runs at ``deadline`` (monotonic; None: wait
+    for it). A pid already reaped elsewhere counts as exited with status 0."""
+    delay = 0.001
+    while True:
+        try:
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 0
+        if done:
+            return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
+
+
+def _exit_code(status):
+    """subprocess's returncode of a wait status: the exit code, or minus the killing signal."""
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _finish_subprocess(run, deadline):
+    import subprocess
+    proc = run._proc
     try:
         out, err = proc.communicate(timeout=max(0.05, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         run.timed_out = True
-        _kill_group(proc)
+        _kill_group(proc.pid)
         try:
             out, err = proc.communicate(timeout=2)
         except subprocess.TimeoutExpired:  # a grandchild in another session holds the pipes
@@ -509,15 +625,13 @@ def finish_tool(run, deadline):
     return run
 
 
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+def _kill_group(pid):
+    """SIGKILL the command's session (its process group: it leads both), then the command."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def run_tools(argvs, timeout):
@@ -527,8 +641,27 @@ def run_tools(argvs, timeout):
     return [finish_tool(r, deadline) for r in runs]
 
 
+def which(name, path=None):
+    """shutil.which for an executable file (without importing shutil: bz2, lzma and more)."""
+    if os.sep in name:
+        return name if _executable(name) else None
+    if path is None:
+        path = os.environ.get("PATH", None)
+        if path is None:
+            path = os.defpath
+    for d in path.split(os.pathsep):
+        candidate = os.path.join(d, name)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
+def _executable(path):
+    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
+
+
 def find_tool(name, path=None):
-    found = shutil.which(name, path=path)
+    found = which(name, path=path)
     if found:
         return found
     for d in EXTRA_TOOL_DIRS:
@@ -1326,7 +1459,7 @@ def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
         why.append("/dev/kmsg: %s" % (e.strerror or e))
         refused = e.errno in (errno.EPERM, errno.EACCES)
     for argv in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"]):
-        exe = shutil.which(argv[0])
+        exe = which(argv[0])
         left = t0 + budget_s - time.monotonic()
         if exe and argv[0] == "dmesg" and refused and not _privileged(exe):
             # kernel.dmesg_restrict refuses dmesg's syslog(2) as it refused /dev/kmsg: a
@@ -1773,7 +1906,7 @@ def run(args) -> dict:
             "cuda_version": None, "gpus": [], "lost_gpus": [], "processes": []}
 
     if args.nvidia_smi:
-        smi = args.nvidia_smi if os.path.exists(args.nvidia_smi) else shutil.which(args.nvidia_smi)
+        smi = args.nvidia_smi if os.path.exists(args.nvidia_smi) else which(args.nvidia_smi)
     else:
         smi = find_tool("nvidia-smi")
     # the live kernel log is read while nvidia-smi answers (each can take a second on a big node)

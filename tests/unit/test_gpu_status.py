@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -1118,7 +1119,7 @@ def test_python38_syntax_and_stdlib_only(path):
             imported.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
-    allowed = {"__future__", "argparse", "errno", "json", "os", "re", "shutil", "signal", "subprocess", "sys",
+    allowed = {"__future__", "argparse", "errno", "json", "os", "re", "select", "shutil", "signal", "subprocess", "sys",
                "time", "ctypes", "pynvml", "importlib", "threading"}
     assert imported <= allowed, imported - allowed
     assert "diagnostics" not in imported
@@ -1236,3 +1237,105 @@ def test_a_system_journal_is_found_where_journald_keeps_it(tmp_path):
     assert gs.system_journal_readable(dirs, everything)
     assert not gs.system_journal_readable(dirs, lambda path: path != str(archived))
     assert gs.system_journal_readable(dirs, lambda path: path == str(archived))
+
+
+# --------------------------------------------------------------------------- the tool runner
+# posix_spawnp where the C library starts a session that way, subprocess elsewhere: both paths
+# must give the same ToolRun.
+
+@pytest.fixture(params=["posix_spawnp", "subprocess"])
+def runner(request, monkeypatch):
+    if request.param == "subprocess":
+        monkeypatch.setattr(gs, "_SPAWN_FALLBACK", [True])
+    else:
+        monkeypatch.setattr(gs, "_SPAWN_FALLBACK", [])
+    return request.param
+
+
+def test_a_tool_runs_in_a_session_of_its_own_with_stdin_from_dev_null(runner):
+    # SIGPIPE and SIGXFSZ, which Python ignores, are not ignored in the tool (as subprocess
+    # restores them): SigIgn's bits 12 and 24
+    code = ("import os, sys; print(os.getsid(0) == os.getpid(), os.getsid(0) != %d); "
+            "print(sys.stdin.read() == ''); sys.stderr.write('err line'); sys.exit(3)" % os.getsid(0))
+    run = gs.run_tools([[sys.executable, "-S", "-c", code],
+                        ["/bin/sh", "-c", "grep SigIgn /proc/$$/status"]], 10)
+    assert (run[0].returncode, run[0].timed_out, run[0].start_error) == (3, False, None)
+    assert run[0].stdout.split() == ["True", "True", "True"] and run[0].stderr == "err line"
+    assert run[0].output == "True True\nTrue\n\nerr line"
+    ignored = int(run[1].stdout.split()[1], 16)
+    assert run[1].ok and not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1))
+    assert run[0]._pid is None and run[0]._proc is None
+
+
+def test_a_missing_tool_is_a_start_error_not_a_crash(runner, tmp_path):
+    run = gs.run_tools([[str(tmp_path / "nvidia-smi")]], 5)[0]
+    assert run.start_error.startswith("FileNotFoundError") and not run.ok and run.returncode is None
+    not_exec = tmp_path / "tool"
+    not_exec.write_text("#!/bin/sh\necho hi\n")
+    run = gs.run_tools([[str(not_exec)]], 5)[0]
+    assert run.start_error.startswith("PermissionError")
+
+
+def test_a_killed_tool_has_minus_the_signal_as_returncode(runner):
+    run = gs.run_tools([[sys.executable, "-S", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]], 10)[0]
+    assert run.returncode == -signal.SIGTERM and not run.timed_out
+
+
+def test_a_tool_that_outlives_its_deadline_is_killed_with_its_group(runner, tmp_path):
+    # the grandchild keeps running in the tool's session after the tool closed its pipes:
+    # neither the open pipes of one nor the exit of the other may hold the run past its deadline
+    marker = tmp_path / "grandchild.pid"
+    code = ("import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-S', '-c', "
+            "'import time; time.sleep(60)']); open(%r, 'w').write(str(p.pid)); "
+            "print('started', flush=True); os.close(1); os.close(2); time.sleep(60)" % str(marker))
+    t0 = time.monotonic()
+    run = gs.run_tools([[sys.executable, "-S", "-c", code]], 1.0)[0]
+    assert time.monotonic() - t0 < 5
+    assert run.timed_out and run.returncode == -signal.SIGKILL and run.stdout == "started\n"
+    grandchild = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        with open("/proc/%d/stat" % grandchild) as f:
+            if f.read().rpartition(")")[2].split()[0] == "Z":   # killed, awaiting its parent
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the tool's grandchild outlived the run")
+
+
+def test_tools_run_side_by_side_and_keep_their_order(runner):
+    slow = [sys.executable, "-S", "-c", "import time; time.sleep(0.6); print('slow')"]
+    fast = [sys.executable, "-S", "-c", "print('fast')"]
+    t0 = time.monotonic()
+    runs = gs.run_tools([slow, slow, fast], 10)
+    assert time.monotonic() - t0 < 1.5
+    assert [r.stdout for r in runs] == ["slow\n", "slow\n", "fast\n"] and all(r.ok for r in runs)
+
+
+def test_a_c_library_without_posix_spawn_setsid_falls_back_to_subprocess(monkeypatch):
+    def no_setsid(*a, **kw):
+        raise NotImplementedError("setsid")
+    monkeypatch.setattr(gs, "_SPAWN_FALLBACK", [])
+    monkeypatch.setattr(gs.os, "posix_spawnp", no_setsid)
+    run = gs.run_tools([[sys.executable, "-S", "-c", "print('via subprocess')"]], 10)[0]
+    assert run.stdout == "via subprocess\n" and run.ok and gs._SPAWN_FALLBACK == [True]
+
+
+def test_which_finds_what_shutil_which_finds(tmp_path, monkeypatch):
+    import shutil
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d, mode in (("a", 0o644), ("b", 0o755)):
+        tool = tmp_path / d / "nvidia-smi"
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(mode)
+    (tmp_path / "a" / "dcgmi").mkdir()   # a directory is never the tool
+    path = os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
+    for name in ("nvidia-smi", "dcgmi", "missing", str(tmp_path / "b" / "nvidia-smi"), str(tmp_path / "a" / "nvidia-smi")):
+        assert gs.which(name, path=path) == shutil.which(name, path=path), name
+    monkeypatch.setenv("PATH", path)
+    assert gs.which("nvidia-smi") == str(tmp_path / "b" / "nvidia-smi")

@@ -41,6 +41,35 @@ print(json.dumps({"loaded": loaded, "yaml_is_pyyaml": invoke.util.yaml is yaml,
     assert found["mock_out"] == "hello" and found["mock_now"]
 
 
+def test_pyyamls_pure_python_reader_compiles_its_pattern_when_used_and_still_refuses():
+    found = fresh("""
+import json, re, sys
+import diagnostics.program
+import yaml, yaml.reader
+pattern = yaml.reader.Reader.NON_PRINTABLE
+lazy = not isinstance(pattern, re.Pattern)
+compile_restored = re.compile.__module__ == "re"
+loaded = yaml.load("a: [1, two]", Loader=yaml.SafeLoader)       # the pure-Python reader
+try:
+    yaml.load("a: b\\x07", Loader=yaml.SafeLoader)
+    refused = None
+except yaml.reader.ReaderError as exc:
+    refused = str(exc)
+print(json.dumps({"lazy": lazy, "restored": compile_restored, "loaded": loaded,
+                  "refused": refused, "now": type(pattern._compiled).__name__}))
+""")
+    assert found["lazy"] and found["restored"]
+    assert found["loaded"] == {"a": [1, "two"]}
+    assert "unacceptable character #x0007" in found["refused"] and found["now"] == "Pattern"
+
+
+def test_a_lazy_pattern_is_the_pattern():
+    pattern = lean_imports._LazyPattern("[^a-z]", 0)
+    assert pattern._compiled is None
+    assert pattern.search("abc1").group() == "1" and pattern.pattern == "[^a-z]"
+    assert pattern.sub("", "a-b") == "ab"
+
+
 def test_paramiko_imported_lean_has_its_real_version_and_banner():
     found = fresh("""
 import json, sys
