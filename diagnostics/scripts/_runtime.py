@@ -789,14 +789,15 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd, progress_w=None
     spawned one, its number in MLDIAG_PROGRESS_FD); stdin, stdout and stderr are the usual ones."""
     spawn = needs_spawn(header)
     argv = _spawn_argv(header, tmpdir) if spawn else None
-    env = dict(os.environ)
-    env.update(header.get("env") or {})
-    env["MLDIAG_TMPDIR"] = tmpdir
-    env["MLDIAG_TARGET"] = str(header.get("target") or "")
+    extra = dict(header.get("env") or {})   # what the child's environment adds to ours
+    extra["MLDIAG_TMPDIR"] = tmpdir
+    extra["MLDIAG_TARGET"] = str(header.get("target") or "")
     if header.get("activate"):
         words = header["activate"]
-        env["MLDIAG_ACTIVATE_SCRIPT"] = words[0]
-        env["MLDIAG_ACTIVATE_CMD"] = " ".join(words[1:])
+        extra["MLDIAG_ACTIVATE_SCRIPT"] = words[0]
+        extra["MLDIAG_ACTIVATE_CMD"] = " ".join(words[1:])
+    env = dict(os.environ)
+    env.update(extra)
     pid = os.fork()
     if pid:
         return pid
@@ -819,8 +820,7 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd, progress_w=None
         signal.set_wakeup_fd(-1)
         if spawn:
             os.execvpe(argv[0], argv, env)
-        os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(extra)   # not clear() and all again: each name is a putenv(3)
         run_child(header, tmpdir, dir_fd, progress_w)
     except BaseException:
         try:
