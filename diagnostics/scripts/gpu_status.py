@@ -498,15 +498,13 @@ def start_tool(argv):
                                            (os.POSIX_SPAWN_DUP2, err_w, 2)])
         finally:
             os.close(devnull)
-    except NotImplementedError:   # no POSIX_SPAWN_SETSID in this C library
-        _SPAWN_FALLBACK.append(True)
+    except (NotImplementedError, OSError) as e:
         for fd in (out_r, out_w, err_r, err_w):
             os.close(fd)
-        return _start_with_subprocess(run)
-    except OSError as e:  # missing, not executable, bad interpreter line
-        for fd in (out_r, out_w, err_r, err_w):
-            os.close(fd)
-        run.start_error = "%s: %s" % (type(e).__name__, e.strerror or e)
+        if isinstance(e, NotImplementedError):   # no POSIX_SPAWN_SETSID in this C library
+            _SPAWN_FALLBACK.append(True)
+            return _start_with_subprocess(run)
+        run.start_error = "%s: %s" % (type(e).__name__, e.strerror or e)   # missing, not executable...
         return run
     os.close(out_w)
     os.close(err_w)
