@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MAIN = "from diagnostics.program import main; main()"
+MAIN = "from diagnostics.entry import main; main()"
 RICH = "import rich.console, rich.table, rich.live"
 CASES = {
     "pass": ["-c", "pass"],

@@ -19,6 +19,7 @@ and hands every other attribute to the real module: a library version that takes
 still works, it just pays for the real import again.
 """
 
+import gc
 import os
 import sys
 import threading
@@ -27,6 +28,17 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Optional
 
 _lock = threading.Lock()   # the stand-ins are process-wide: one import at a time installs them
+_freezing = False          # set by the console script (``entry``): see ``freeze_what_imports_load``
+
+
+def freeze_what_imports_load() -> None:
+    """From now on, what an import through here loads (paramiko, at the first connection) is
+    moved out of the cyclic GC's reach once loaded, as ``entry`` does with mldiag's own imports:
+    modules, classes and functions that live until exit, which every full collection of the run
+    would otherwise walk again. Only the console script asks for this; a library caller's (the
+    test suite's) collector is left as it is."""
+    global _freezing
+    _freezing = True
 
 
 class _LazyStandIn(types.ModuleType):
@@ -73,6 +85,8 @@ def _import_with(name: str, stand_ins: Dict[str, Callable[[], object]]):
             for module_name, module in placed.items():
                 if sys.modules.get(module_name) is module:
                     del sys.modules[module_name]
+        if _freezing:
+            gc.freeze()
         return sys.modules[name]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Tuple
 
 REPO = str(Path(__file__).resolve().parents[1])
-MLDIAG = [sys.executable, "-c", "from diagnostics.program import main; main()"]
+MLDIAG = [sys.executable, "-c", "from diagnostics.entry import main; main()"]
 INV = [sys.executable, "-m", "invoke"]
 # Never inherited from the shell that runs pytest: a developer's own hosts file would otherwise
 # decide which targets a test reaches. A test that wants it passes it in ``env``.

@@ -147,3 +147,39 @@ def test_stand_ins_are_taken_out_even_when_the_import_fails(monkeypatch):
     with pytest.raises(ImportError):
         lean_imports._import_with("mldiag_no_such_module", {"mldiag_stand_in_probe": make})
     assert made and "mldiag_stand_in_probe" not in sys.modules
+
+
+def test_the_console_script_freezes_what_it_and_paramiko_import_and_keeps_the_collector_on():
+    found = fresh("""
+import gc, json, tomllib
+from diagnostics import entry, lean_imports
+program = entry.start()
+after_start = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+               "program_frozen": not any(o is program for o in gc.get_objects())}
+lean_imports.import_paramiko()
+after_paramiko = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+class Cycle: pass
+a = Cycle(); a.self = a; del a
+print(json.dumps({"start": after_start, "paramiko": after_paramiko, "collected": gc.collect(),
+                  "script": tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"]}))
+""")
+    start, after = found["start"], found["paramiko"]
+    assert start["enabled"] and after["enabled"]
+    # the program's own objects (its modules, Invoke's, PyYAML's) are out of every collection
+    assert start["program_frozen"] and start["frozen"] > 20000
+    # paramiko and cryptography, imported at the first connection, join them
+    assert after["frozen"] > start["frozen"] + 5000
+    # what the run itself makes is still collected
+    assert found["collected"] >= 1
+    assert found["script"] == {"mldiag": "diagnostics.entry:main"}
+
+
+def test_a_library_caller_keeps_its_own_collector_untouched():
+    found = fresh("""
+import gc, json
+from diagnostics import lean_imports
+import diagnostics.program
+lean_imports.import_paramiko()
+print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+""")
+    assert found == {"enabled": True, "frozen": 0}
