@@ -112,10 +112,11 @@ def _installed_yaml():
     return yaml
 
 
-class _LazyPattern:
-    """``re.compile(pattern, flags)``, compiled when first used."""
+class LazyPattern:
+    """``re.compile(pattern, flags)``, compiled when first used (two threads that use it first
+    together may both compile it: the same pattern either way)."""
 
-    def __init__(self, pattern, flags):
+    def __init__(self, pattern, flags=0):
         self._args = (pattern, flags)
         self._compiled = None
 
@@ -123,13 +124,15 @@ class _LazyPattern:
         if self._compiled is None:
             import re
             self._compiled = re.compile(*self._args)
-        return getattr(self._compiled, attr)
+        value = getattr(self._compiled, attr)
+        setattr(self, attr, value)   # the next use finds it without this call
+        return value
 
 
 @contextmanager
 def _lazy_patterns_of(module_name: str):
     """While this runs, ``re.compile`` called from the module ``module_name`` returns a
-    _LazyPattern. PyYAML's pure-Python reader compiles its NON_PRINTABLE class (all of Unicode
+    LazyPattern. PyYAML's pure-Python reader compiles its NON_PRINTABLE class (all of Unicode
     but the printable planes) at import: ~5.5 ms of every run, for a reader that mldiag, which
     parses with libyaml's CSafeLoader where it is installed, never uses there."""
     import re
@@ -137,7 +140,7 @@ def _lazy_patterns_of(module_name: str):
 
     def compile(pattern, flags=0):
         if sys._getframe(1).f_globals.get("__name__") == module_name:
-            return _LazyPattern(pattern, flags)
+            return LazyPattern(pattern, flags)
         return real(pattern, flags)
 
     re.compile = compile

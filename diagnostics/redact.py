@@ -24,6 +24,11 @@ It is a safety net, not a licence: diagnostics still redact at the source (env-r
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from .lean_imports import LazyPattern
+
+# Each pattern below is compiled when first used (LazyPattern): compiling all 18 cost ~3.6 ms at
+# every start, and most texts never reach one (each waits for its needle, see redact_text).
+
 REDACTED = "<redacted>"
 NOT_SECRET = frozenset(["MONKEY", "TURNKEY"])   # one-part names that end with KEY
 # a value this short is more likely a flag than a secret, and masking it would mangle text
@@ -69,7 +74,7 @@ def known_secrets(env: Dict[str, str]) -> Tuple[str, ...]:
 # Bounded, and led by a lookbehind, so a long run of name characters costs one short attempt.
 _NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,127}"
 _SP = r"[ \t]{0,8}"
-_HEAD = re.compile(r"""
+_HEAD = LazyPattern(r"""
     (?P<q>\\?["'])(?P<quoted>%(name)s)(?P=q)\]?%(sp)s(?:=>?|:)%(sp)s   # 'NAME': "NAME"= ['NAME'] =
   | (?<![\w.-])(?P<header>(?i:(?:proxy-)?authorization))%(sp)s:%(sp)s  # Authorization: mid-line too
   | (?<![\w.-])(?P<assigned>-{0,2}%(name)s)%(sp)s=%(sp)s             # NAME=v, NAME = v, --flag=v
@@ -80,7 +85,7 @@ _HEAD = re.compile(r"""
 # The value ends the match, so these greedy runs never backtrack. A bare value stops where
 # shells, URLs and reprs end one; it never starts a nested structure ({, [, ( stay readable, and
 # the pairs inside them are found on their own), nor with = (so `token == x` compares).
-_VALUE = re.compile(r"""
+_VALUE = LazyPattern(r"""
     b?"(?P<dq>(?:[^"\\\n]|\\.)+)                  # "value", b"value" (JSON, Python)
   | b?'(?P<sq>(?:[^'\\\n]|\\.)+)                  # 'value' (Python repr, shell)
   | \\"(?P<edq>[^"\\\n]+)                          # \"value\" (JSON inside a JSON string)
@@ -88,7 +93,7 @@ _VALUE = re.compile(r"""
     (?P<bare>[^\s"',;}&=({\[][^\s"',;}&]*)
 """, re.X)
 # values that are settings, placeholders or already masked, not secrets
-_NOT_A_SECRET_VALUE = re.compile(
+_NOT_A_SECRET_VALUE = LazyPattern(
     r"(?i)[0-9.]{1,6}|true|false|none|null|yes|no|<[^<>\s]{0,40}>|\$\{?\w+\}?|\*+")
 _PAIR_NEEDLES = ("token", "secret", "pass", "key", "credential", "authorization")
 
@@ -119,30 +124,30 @@ def _mask_pairs(text: str) -> str:
 # (a lower-case string every match contains, so the pattern is skipped when it is absent;
 #  the pattern; what replaces a match)
 _SHAPES = (
-    ("private key", re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----.*?"
+    ("private key", LazyPattern(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----.*?"
                                r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)", re.S),
      REDACTED),
-    ("://", re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]{0,31}://[^/\s:@]{0,256}:)"
+    ("://", LazyPattern(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]{0,31}://[^/\s:@]{0,256}:)"
                        r"[^/\s@]{1,1024}(?=@)"),                         # scheme://user:PASSWORD@
      r"\g<1>" + REDACTED),
 )
 _TOKENS = (
-    ("hf_", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}")),      # Hugging Face, also MY_hf_…
-    ("gh", re.compile(r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,}")),     # GitHub
-    ("github_pat_", re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{40,}")),
-    ("glpat-", re.compile(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}")),   # GitLab
-    ("sk-", re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}")),        # OpenAI, Anthropic
-    ("k_", re.compile(r"(?<![A-Za-z0-9_])[rs]k_(?:live|test)_[A-Za-z0-9]{16,}")),   # Stripe
-    ("ia", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])")),   # AWS key id
-    ("xox", re.compile(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}")),  # Slack
-    ("aiza", re.compile(r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35,}")),      # Google API key
-    ("eyj", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}"   # JWT
+    ("hf_", LazyPattern(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}")),      # Hugging Face, also MY_hf_…
+    ("gh", LazyPattern(r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,}")),     # GitHub
+    ("github_pat_", LazyPattern(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{40,}")),
+    ("glpat-", LazyPattern(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}")),   # GitLab
+    ("sk-", LazyPattern(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}")),        # OpenAI, Anthropic
+    ("k_", LazyPattern(r"(?<![A-Za-z0-9_])[rs]k_(?:live|test)_[A-Za-z0-9]{16,}")),   # Stripe
+    ("ia", LazyPattern(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])")),   # AWS key id
+    ("xox", LazyPattern(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}")),  # Slack
+    ("aiza", LazyPattern(r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35,}")),      # Google API key
+    ("eyj", LazyPattern(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}"   # JWT
                        r"\.[A-Za-z0-9_-]*")),
-    ("pypi-", re.compile(r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}")),   # PyPI upload token
-    ("npm_", re.compile(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}")),
+    ("pypi-", LazyPattern(r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}")),   # PyPI upload token
+    ("npm_", LazyPattern(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}")),
 )
 # a bearer token without its header; it holds a digit, so "Bearer authentication" stays
-_BEARER = re.compile(r"(?i)(?<![A-Za-z0-9_-])(bearer[ \t]{1,8})"
+_BEARER = LazyPattern(r"(?i)(?<![A-Za-z0-9_-])(bearer[ \t]{1,8})"
                      r"(?=[A-Za-z._~+/=-]{0,1024}[0-9])[A-Za-z0-9._~+/=-]{16,}")
 _NEEDLES = (tuple(n for n, *_ in _SHAPES) + _PAIR_NEEDLES + tuple(n for n, _ in _TOKENS)
             + ("bearer",))

@@ -64,7 +64,7 @@ print(json.dumps({"lazy": lazy, "restored": compile_restored, "loaded": loaded,
 
 
 def test_a_lazy_pattern_is_the_pattern():
-    pattern = lean_imports._LazyPattern("[^a-z]", 0)
+    pattern = lean_imports.LazyPattern("[^a-z]", 0)
     assert pattern._compiled is None
     assert pattern.search("abc1").group() == "1" and pattern.pattern == "[^a-z]"
     assert pattern.sub("", "a-b") == "ab"

@@ -412,3 +412,32 @@ def test_internal_error_report_and_its_traceback_file_hold_no_secret():
         assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     finally:
         os.unlink(path)
+
+
+def test_patterns_compile_when_a_text_first_needs_them():
+    import subprocess
+    import sys
+    code = """
+import json
+from diagnostics import redact
+from diagnostics.lean_imports import LazyPattern
+lazy = [p for p in (redact._HEAD, redact._VALUE, redact._NOT_A_SECRET_VALUE, redact._BEARER,
+                    *(p for _, p, _ in redact._SHAPES), *(p for _, p in redact._TOKENS))]
+before = sum(p._compiled is not None for p in lazy)
+plain = redact.redact_text("all 8 GPUs healthy, 42 C")
+after_plain = sum(p._compiled is not None for p in lazy)
+masked = redact.redact_text("HF token: %s")
+print(json.dumps({"all_lazy": all(isinstance(p, LazyPattern) for p in lazy), "n": len(lazy),
+                  "before": before, "after_plain": after_plain, "plain": plain, "masked": masked,
+                  "hf_compiled": redact._TOKENS[0][1]._compiled is not None}))
+""" % HF
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["all_lazy"] and found["n"] == 18
+    # importing redact compiles nothing, and a text without a needle compiles nothing either
+    assert found["before"] == 0 and found["after_plain"] == 0
+    assert found["plain"] == "all 8 GPUs healthy, 42 C"
+    # a text that needs a pattern compiles it and is masked as before
+    assert HF not in found["masked"] and redact.REDACTED in found["masked"]
+    assert found["hf_compiled"]
