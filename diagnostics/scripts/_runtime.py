@@ -31,6 +31,7 @@ Standard library only; Python 3.8+.  Runnable by hand for debugging::
     python3 _runtime.py --child TMPDIR      (internal: the diagnostic side of a spawned child)
 """
 
+import gc
 import json
 import os
 import select
@@ -821,6 +822,10 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd, progress_w=None
         if spawn:
             os.execvpe(argv[0], argv, env)
         os.environ.update(extra)   # not clear() and all again: each name is a putenv(3)
+        # the diagnostic's process collects garbage again (stage A turned the collector off for
+        # the supervisor); what it inherited is frozen: no pass walks it or copies its pages
+        gc.freeze()
+        gc.enable()
         run_child(header, tmpdir, dir_fd, progress_w)
     except BaseException:
         try:

@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import resource
 import sys
 import textwrap
@@ -629,3 +630,32 @@ def test_a_result_of_exactly_the_size_limit_passes():
     with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
         wire.decode_result(body[:-1] + b" }")
     assert exc.value.excerpt.startswith("'{\"schema\": 2")
+
+
+def test_the_supervisor_runs_without_the_cyclic_gc_and_the_diagnostic_with_it(tmp_path):
+    # stage A turns the collector off in the supervisor (passes over the runtime's imports cost
+    # ~2 ms a run); the diagnostic's forked process has it on again, what it inherited frozen
+    import subprocess
+    with open(RUNTIME_PATH, "rb") as f:
+        runtime = f.read()
+    hooked = runtime.replace(b"\ndef main(stdin):\n", b"\ndef main(stdin):\n"
+                             b"    os.write(2, b'SUPERVISOR-GC=%d\\n' % gc.isenabled())\n", 1)
+    assert hooked != runtime
+    script = (b"import gc\n"
+              b"print('CHILD-GC=%d FROZEN=%d' % (gc.isenabled(), gc.get_freeze_count()))\n")
+    job = bundle.Job(diagnostic="run-script", script_name="gc.py", script_source=script,
+                     mode="script")
+    header = bundle.build_header(job, target="t", timeout=30, env={}, activate=[],
+                                 python=sys.executable, nonce=NONCE, tmpdir=str(tmp_path))
+    payload = wire.build_payload(hooked, header, bundle.job_files(job))
+    proc = subprocess.Popen(wire.bootstrap_argv(sys.executable), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(payload)
+    proc.stdin.flush()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    assert proc.wait() == 0, err
+    assert b"SUPERVISOR-GC=0" in err
+    found = re.search(rb"CHILD-GC=(\d) FROZEN=(\d+)", out)
+    assert found and found.group(1) == b"1" and int(found.group(2)) > 1000
+    assert wire.read_result(out, NONCE)["status"] == "ok"
