@@ -471,9 +471,12 @@ class SshTransport(Transport):
         tells the runtime the client went away) unless ``close_stdin``.  Nothing here waits
         past ``deadline``, the write of a payload the command never reads included.
         ``stop`` (the connection holder's): once set, the channel is closed within a second."""
-        paramiko = import_paramiko()
         command = join_checked(argv)
+        # NOTE: the connection is asked for before paramiko is imported (a first connection
+        # imports it after its TCP connect, in _open_now): sshd accepts, starts its
+        # per-connection process and sends its banner while this process imports (~40 ms).
         pooled = self.pool.acquire(self.endpoint)
+        paramiko = import_paramiko()
         try:
             with pooled.slots:
                 try:
@@ -499,8 +502,8 @@ class SshTransport(Transport):
         """Write ``data`` to ``path`` (mode 0600) over SFTP; where the host has no SFTP
         subsystem, through an exec channel's stdin into ``install -m 600 /dev/stdin PATH``
         (the path is ours and checked like every token; the data never touches a command line)."""
+        pooled = self.pool.acquire(self.endpoint)   # before the import, as in run()
         paramiko = import_paramiko()
-        pooled = self.pool.acquire(self.endpoint)
         try:
             with pooled.slots:
                 try:

@@ -467,10 +467,11 @@ def test_a_target_that_never_reads_its_stdin_costs_the_deadline_not_a_hang():
     assert time.monotonic() - started < 30      # generous: what fails is a hang, not a slow box
 
 
-def _bootstrap_run(runtime: bytes, tmp_path):
-    """The bootstrap run here on ``runtime`` (a ping job), stdin held open like a channel's."""
+def _bootstrap_run(runtime: bytes, tmp_path, job=None):
+    """The bootstrap run here on ``runtime`` (``job``, a ping job by default), stdin held open
+    like a channel's."""
     import subprocess
-    job = bundle.script_job("ping")
+    job = job or bundle.script_job("ping")
     header = bundle.build_header(job, target="t", timeout=30, env={}, activate=[],
                                  python=sys.executable, nonce=NONCE, tmpdir=str(tmp_path))
     payload = wire.build_payload(runtime, header, bundle.job_files(job))
@@ -635,7 +636,6 @@ def test_a_result_of_exactly_the_size_limit_passes():
 def test_the_supervisor_runs_without_the_cyclic_gc_and_the_diagnostic_with_it(tmp_path):
     # stage A turns the collector off in the supervisor (passes over the runtime's imports cost
     # ~2 ms a run); the diagnostic's forked process has it on again, what it inherited frozen
-    import subprocess
     with open(RUNTIME_PATH, "rb") as f:
         runtime = f.read()
     hooked = runtime.replace(b"\ndef main(stdin):\n", b"\ndef main(stdin):\n"
@@ -645,16 +645,8 @@ def test_the_supervisor_runs_without_the_cyclic_gc_and_the_diagnostic_with_it(tm
               b"print('CHILD-GC=%d FROZEN=%d' % (gc.isenabled(), gc.get_freeze_count()))\n")
     job = bundle.Job(diagnostic="run-script", script_name="gc.py", script_source=script,
                      mode="script")
-    header = bundle.build_header(job, target="t", timeout=30, env={}, activate=[],
-                                 python=sys.executable, nonce=NONCE, tmpdir=str(tmp_path))
-    payload = wire.build_payload(hooked, header, bundle.job_files(job))
-    proc = subprocess.Popen(wire.bootstrap_argv(sys.executable), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdin.write(payload)
-    proc.stdin.flush()
-    out, err = proc.stdout.read(), proc.stderr.read()
-    proc.stdin.close()
-    assert proc.wait() == 0, err
+    code, out, err = _bootstrap_run(hooked, tmp_path, job)
+    assert code == 0, err
     assert b"SUPERVISOR-GC=0" in err
     found = re.search(rb"CHILD-GC=(\d) FROZEN=(\d+)", out)
     assert found and found.group(1) == b"1" and int(found.group(2)) > 1000
