@@ -75,7 +75,8 @@ CT_VENV_PYTHON = "/root/venv/bin/python"
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
 REFS = ("ssh", "ssh-c25519", "ansible", "gpu-2call", "ssh-cm")
 # DESIGN.md §7 and issue 14: (size, reference) -> the ratio goal for mldiag's rows
-GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): 1.1,
+# A pair: issue 14's goal and DESIGN.md §7's stricter one (issue 14 calls it the stretch).
+GOALS = {("1", "ssh"): 1.2, ("1", "ansible"): 0.4, ("32", "ssh-c25519"): (1.3, 1.1),
          ("32", "ansible"): 0.25, ("16", "gpu-2call"): 1.3, ("256", "ssh-c25519"): 1.3,
          # DESIGN.md §7's one-target gpu-status goal read as the same question asked by a
          # script through raw ssh (the `ssh` row's probe asks nvidia-smi nothing)
@@ -603,15 +604,22 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
         if ref not in row:
             continue
         refm = med([s.wall for s in row[ref].samples])
+        # past one target, gpu-status is read against the loop that asks nvidia-smi the same
+        # (gpu-2call), not against one whose probe asks it nothing
         names = ("mldiag gpu-status", HELD_GPU) if ref == "gpu-2call" else \
-            ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS, HELD, HELD_GPU)
+            ("mldiag gpu-status", "mldiag run-script", ONE_PROCESS, HELD, HELD_GPU) if size == "1" \
+            else ("mldiag run-script", ONE_PROCESS, HELD)
+        goal, stretch = goal if isinstance(goal, tuple) else (goal, None)
         for name in names:
             if name in row:
                 r = med([s.wall for s in row[name].samples]) / refm
+                verdict = f"goal ≤ {goal}: {'met' if r <= goal else 'not met'}"
+                if stretch is not None:
+                    verdict += f"; stretch ≤ {stretch}: {'met' if r <= stretch else 'not met'}"
                 goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<22} "
-                             f"{r:5.2f}× {ref:<10} (goal ≤ {goal}: {'met' if r <= goal else 'not met'})")
+                             f"{r:5.2f}× {ref:<10} ({verdict})")
     if goals:
-        out.append("DESIGN.md §7 goals:")
+        out.append("Goals (issue 14, DESIGN.md §7):")
         out += goals
     for size, row in by_size.items():
         if size.endswith("CTs"):
