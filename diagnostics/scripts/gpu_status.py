@@ -1599,6 +1599,10 @@ def scan_xids(text, gpus=None):
     the worst action over the Xid's GPUs, 48 with 63/64 on one GPU: drain). ``gpus``: the
     inventory as node-check passes it ({"index", "pci"}). Without xid.py: name "catalog not
     shipped", not fatal, action monitor."""
+    if "NVRM" not in text:
+        # every Xid line (and "fallen off the bus", read as Xid 79) is an NVRM line: a healthy
+        # node's log costs no load of xid.py and its catalog (a compile and a parse each run)
+        return []
     lines = text.splitlines()
     xm = load_xid()
     if xm is None:
@@ -1940,7 +1944,7 @@ def run(args) -> dict:
                          for g in (data.get("gpus") or []) + (data.get("lost_gpus") or [])]
             xids = scan_xids(text, inventory)
             data["kernel_log"] = {"source": source, "xids": xids}
-            xm = load_xid()
+            xm = load_xid() if xids else None
             for x in xids:
                 what = "Xid %d%s" % (x["xid"], " (%s)" % x["name"] if x["name"] else "")
                 f = finding(

@@ -1339,3 +1339,22 @@ def test_which_finds_what_shutil_which_finds(tmp_path, monkeypatch):
         assert gs.which(name, path=path) == shutil.which(name, path=path), name
     monkeypatch.setenv("PATH", path)
     assert gs.which("nvidia-smi") == str(tmp_path / "b" / "nvidia-smi")
+
+
+def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp_path):
+    """Every Xid line, and "fallen off the bus", is an NVRM line: a healthy node's kernel log
+    is read without loading xid.py and its catalog; one NVRM line loads them as before."""
+    fresh = load_module(SCRIPT, "mldiag_test_gpu_status_no_nvrm")
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H100)
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("[ 1.0] usb 1-1: new high-speed USB device\n[ 2.0] EXT4-fs (sda1): mounted\n")
+    args = ["--nvidia-smi", str(FAKE), "--kernel-log-file"]
+    r = fresh.run(fresh.build_parser().parse_args(args + [str(quiet)]))
+    assert r["data"]["kernel_log"] == {"source": str(quiet), "xids": []}
+    assert not [f for f in r["findings"] if f["code"].startswith("xid")]
+    assert fresh._XID_MODULE == []
+    loud = tmp_path / "loud.log"
+    loud.write_text("[ 3.0] NVRM: GPU at PCI:0000:ba:00: GPU has fallen off the bus.\n")
+    r = fresh.run(fresh.build_parser().parse_args(args + [str(loud)]))
+    assert [(x["xid"], x["fatal"]) for x in r["data"]["kernel_log"]["xids"]] == [(79, True)]
+    assert fresh._XID_MODULE and fresh._XID_MODULE[0] is not None
