@@ -467,6 +467,15 @@ def test_a_target_that_never_reads_its_stdin_costs_the_deadline_not_a_hang():
     assert time.monotonic() - started < 30      # generous: what fails is a hang, not a slow box
 
 
+def _runtime_with(marker: bytes, replacement: bytes) -> bytes:
+    """The runtime's source with its first ``marker`` replaced (a test's hook)."""
+    with open(RUNTIME_PATH, "rb") as f:
+        runtime = f.read()
+    hooked = runtime.replace(marker, replacement, 1)
+    assert hooked != runtime
+    return hooked
+
+
 def _bootstrap_run(runtime: bytes, tmp_path, job=None):
     """The bootstrap run here on ``runtime`` (``job``, a ping job by default), stdin held open
     like a channel's."""
@@ -488,11 +497,8 @@ def test_the_runtime_process_ends_with_its_frame_without_teardown(tmp_path):
     # stage A ends the process right after the runtime's main (os._exit: no interpreter
     # teardown, ~3.5 ms of CPU a run): an atexit handler of the runtime never runs, and the
     # frame is the last thing on stdout
-    with open(RUNTIME_PATH, "rb") as f:
-        runtime = f.read()
-    hooked = runtime.replace(b"\nimport json\n", b"\nimport atexit\nimport os as _o\n"
-                             b"atexit.register(lambda: _o.write(1, b'TEARDOWN'))\nimport json\n", 1)
-    assert hooked != runtime
+    hooked = _runtime_with(b"\nimport json\n", b"\nimport atexit\nimport os as _o\n"
+                           b"atexit.register(lambda: _o.write(1, b'TEARDOWN'))\nimport json\n")
     code, out, err = _bootstrap_run(hooked, tmp_path)
     assert code == 0, err
     assert b"TEARDOWN" not in out
@@ -504,6 +510,23 @@ def test_a_runtime_that_raises_leaves_the_ordinary_way_with_its_traceback(tmp_pa
     broken = b"def main(stdin):\n    raise RuntimeError('runtime broke')\n"
     code, out, err = _bootstrap_run(broken, tmp_path)
     assert code == 1 and b"RuntimeError: runtime broke" in err and b"Traceback" in err
+
+
+def test_the_supervisor_runs_without_the_cyclic_gc_and_the_diagnostic_with_it(tmp_path):
+    # stage A turns the collector off in the supervisor (passes over the runtime's imports cost
+    # ~2 ms a run); the diagnostic's forked process has it on again, what it inherited frozen
+    hooked = _runtime_with(b"\ndef main(stdin):\n", b"\ndef main(stdin):\n"
+                           b"    os.write(2, b'SUPERVISOR-GC=%d\\n' % gc.isenabled())\n")
+    script = (b"import gc\n"
+              b"print('CHILD-GC=%d FROZEN=%d' % (gc.isenabled(), gc.get_freeze_count()))\n")
+    job = bundle.Job(diagnostic="run-script", script_name="gc.py", script_source=script,
+                     mode="script")
+    code, out, err = _bootstrap_run(hooked, tmp_path, job)
+    assert code == 0, err
+    assert b"SUPERVISOR-GC=0" in err
+    found = re.search(rb"CHILD-GC=(\d) FROZEN=(\d+)", out)
+    assert found and found.group(1) == b"1" and int(found.group(2)) > 1000
+    assert wire.read_result(out, NONCE)["status"] == "ok"
 
 
 # ----------------------------------------------------------------------------- descriptors
@@ -631,23 +654,3 @@ def test_a_result_of_exactly_the_size_limit_passes():
     with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
         wire.decode_result(body[:-1] + b" }")
     assert exc.value.excerpt.startswith("'{\"schema\": 2")
-
-
-def test_the_supervisor_runs_without_the_cyclic_gc_and_the_diagnostic_with_it(tmp_path):
-    # stage A turns the collector off in the supervisor (passes over the runtime's imports cost
-    # ~2 ms a run); the diagnostic's forked process has it on again, what it inherited frozen
-    with open(RUNTIME_PATH, "rb") as f:
-        runtime = f.read()
-    hooked = runtime.replace(b"\ndef main(stdin):\n", b"\ndef main(stdin):\n"
-                             b"    os.write(2, b'SUPERVISOR-GC=%d\\n' % gc.isenabled())\n", 1)
-    assert hooked != runtime
-    script = (b"import gc\n"
-              b"print('CHILD-GC=%d FROZEN=%d' % (gc.isenabled(), gc.get_freeze_count()))\n")
-    job = bundle.Job(diagnostic="run-script", script_name="gc.py", script_source=script,
-                     mode="script")
-    code, out, err = _bootstrap_run(hooked, tmp_path, job)
-    assert code == 0, err
-    assert b"SUPERVISOR-GC=0" in err
-    found = re.search(rb"CHILD-GC=(\d) FROZEN=(\d+)", out)
-    assert found and found.group(1) == b"1" and int(found.group(2)) > 1000
-    assert wire.read_result(out, NONCE)["status"] == "ok"
