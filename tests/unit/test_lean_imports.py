@@ -3,6 +3,7 @@ importlib.metadata (diagnostics/lean_imports.py), and still the same libraries: 
 needs a fresh interpreter runs in one (this process has them all loaded already)."""
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -183,3 +184,29 @@ lean_imports.import_paramiko()
 print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
 """)
     assert found == {"enabled": True, "frozen": 0}
+
+
+@pytest.mark.parametrize("flags, writes", [([], True), (["-B"], False)])
+def test_the_console_script_leaves_pythons_bytecode_setting_as_it_found_it(flags, writes, tmp_path):
+    """Invoke turns .pyc writing off when it parses its flags (its --write-pyc). mldiag keeps
+    Python's own setting: modules imported later (paramiko at the first connection) get a .pyc
+    the next run reads, where PYTHONPYCACHEPREFIX points away from site-packages' copies."""
+    prefix = tmp_path / "pycache"
+    code = f"""
+import json, sys
+from diagnostics.program import program
+program.parse_core(["mldiag", "hosts"])
+setting = sys.dont_write_bytecode
+import {LATE_MODULE}   # a stdlib module nothing had imported yet
+print(json.dumps({{"dont_write": setting}}))
+"""
+    proc = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPYCACHEPREFIX=str(prefix),
+                                              PYTHONDONTWRITEBYTECODE=""))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"dont_write": not writes}
+    written = sorted(p.name for p in prefix.rglob(f"{LATE_MODULE}.*.pyc"))
+    assert bool(written) is writes, written
+
+
+LATE_MODULE = "wave"
