@@ -698,7 +698,13 @@ def run_child(header, tmpdir, dir_fd=None, progress_fd=None):
             _run_path(script, "__main__", digests.get(header["script"], ""))
         else:
             module = _run_path(script, "mldiag_diagnostic", digests.get(header["script"], ""))
-            args = module["build_parser"]().parse_args(argv)
+            parsed = header.get("args")
+            if isinstance(parsed, dict):
+                # the client parsed argv with this script's own parser (bundle.parsed_args):
+                # no argparse here. sys.implementation's type is types.SimpleNamespace.
+                args = type(sys.implementation)(**parsed)
+            else:
+                args = module["build_parser"]().parse_args(argv)
             outcome["doc"] = module["run"](args)
     except SystemExit as exc:
         code = exc.code

@@ -38,7 +38,6 @@ program's own, not site-packages), frames_total]}``
 name): kept as it is; the client (diagnostics/stacks_fr.py) knows that shape.
 """
 
-import argparse
 import io
 import json
 import os
@@ -529,6 +528,7 @@ def collect(prefixes=None, max_files=MAX_FILES, max_bytes=MAX_BYTES, max_entries
 
 
 def build_parser():
+    import argparse   # only here: through mldiag the client parses argv (bundle.parsed_args)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("prefixes", nargs="*", help="dump prefixes (the file is PREFIX<rank>); default: "
                    "$TORCH_FR_DUMP_TEMP_FILE, $TORCH_NCCL_DEBUG_INFO_TEMP_FILE, torch's defaults")

@@ -86,7 +86,6 @@ Xids are still listed, unclassified.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
@@ -238,6 +237,7 @@ LOST_RE = re.compile(r"Unable to determine the device handle for (?:GPU|gpu)\s*(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse   # only here: through mldiag the client parses argv (bundle.parsed_args)
     p = argparse.ArgumentParser(
         prog="gpu_status.py",
         description="Per-GPU health, load and compute processes of an NVIDIA machine "

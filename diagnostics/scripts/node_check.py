@@ -30,7 +30,6 @@ Every finding carries ``action``: none < monitor < app < reset-gpu < reboot < dr
 Run by hand: python3 node_check.py [--expect '{"gpus": 8, "ib_rate": 400}'] [--no-dcgm]
 """
 
-import argparse
 import collections
 import importlib.util
 import json
@@ -67,6 +66,7 @@ Tool = collections.namedtuple("Tool", "status rc out err seconds")
 
 
 def build_parser():
+    import argparse   # only here: through mldiag the client parses argv (bundle.parsed_args)
     p = argparse.ArgumentParser(prog="node_check.py", description=__doc__.splitlines()[0])
     p.add_argument("--expect", default="{}", metavar="JSON",
                    help="what a healthy node has: {gpus, ib_ports, ib_rate, nvlinks_per_gpu, "

@@ -3,7 +3,6 @@
 Run by hand: python3 ping.py  (prints the JSON result document's run() part)
 """
 
-import argparse
 import json
 import os
 import platform
@@ -13,6 +12,7 @@ import tempfile
 
 
 def build_parser():
+    import argparse   # only here: through mldiag the client parses argv (bundle.parsed_args)
     return argparse.ArgumentParser(prog="ping.py", description=__doc__.splitlines()[0])
 
 

@@ -31,7 +31,6 @@ cmdline, found_by, collector, threads | error, seconds}]; ``collector``; ``py_sp
 targets and names the odd rank (diagnostics/stacks_fold.py).
 """
 
-import argparse
 import json
 import os
 import platform
@@ -59,6 +58,7 @@ PTRACE_HINT = ("run as the job's user or as root (hosts.yaml: become: sudo); in 
 
 
 def build_parser():
+    import argparse   # only here: through mldiag the client parses argv (bundle.parsed_args)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pid", default="", help="comma list of pids to dump as well")
     p.add_argument("--match", default="", help="also dump processes whose command line matches")

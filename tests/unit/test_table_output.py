@@ -285,11 +285,11 @@ def test_the_runbook_report_on_a_terminal_names_the_file_it_wrote(tmp_path, save
 
 
 def test_a_crashed_diagnostic_shows_its_traceback_once_under_a_row_said_once(tmp_path):
-    # a module of the target's own environment that breaks on import (a shadowing argparse.py
+    # a module of the target's own environment that breaks on import (a shadowing platform.py
     # on PYTHONPATH, as a broken site-packages would): ping itself crashes, on two hosts alike
     shadow = tmp_path / "shadow"
     shadow.mkdir()
-    (shadow / "argparse.py").write_text(
+    (shadow / "platform.py").write_text(
         "def _load():\n    raise ImportError('libcudart.so.12: cannot open shared object file')\n"
         "_load()\n")
     (tmp_path / "hosts.yaml").write_text(
@@ -308,7 +308,7 @@ def test_a_crashed_diagnostic_shows_its_traceback_once_under_a_row_said_once(tmp
         "        ImportError: libcudart.so.12: cannot open shared object file", "",
         "2 error (crashed)"]
     assert sum("libcudart" in line for line in lines) == 3   # row, raise line, last line
-    assert f'          File "{shadow}/argparse.py", line 3, in <module>' in lines
+    assert f'          File "{shadow}/platform.py", line 3, in <module>' in lines
 
 
 # --------------------------------------------------------------------------- any JSON a target sends
