@@ -3,12 +3,11 @@ runtime reads.  The wire format itself (bootstrap, payload framing, result frame
 ``diagnostics/wire.py``; the names re-exported below keep older callers working.
 """
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -125,7 +124,13 @@ def _script_parser(name: str, source: bytes) -> Optional[Callable[[], Any]]:
     return namespace.get("build_parser")
 
 
-@lru_cache(maxsize=256)
+def _refuse(*args, **kwargs):
+    raise ValueError("refused")
+
+
+_PARSING = threading.Lock()   # a fan-out's threads build their headers at once: one parses
+
+
 def parsed_args(name: str, source: bytes, argv: Tuple[str, ...]) -> Optional[Dict[str, Any]]:
     """The script's arguments as its ``build_parser().parse_args(argv)`` gives them, parsed here
     once for every target that gets the same argv: the runtime then skips argparse (its import
@@ -134,12 +139,22 @@ def parsed_args(name: str, source: bytes, argv: Tuple[str, ...]) -> Optional[Dic
     or values that JSON would not bring back unchanged. The scripts' parsers read nothing of
     the machine they run on (their defaults are constants; tests/unit/test_parsed_args.py),
     so the answer is the target's own."""
+    with _PARSING:
+        return _parsed_args(name, source, argv)
+
+
+@lru_cache(maxsize=256)
+def _parsed_args(name: str, source: bytes, argv: Tuple[str, ...]) -> Optional[Dict[str, Any]]:
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            build = _script_parser(name, source)
-            if build is None:
-                return None
-            values = vars(build().parse_args(list(argv)))
+        build = _script_parser(name, source)
+        if build is None:
+            return None
+        parser = build()
+        # argparse prints usage, errors and --help and exits; here it may do neither (the
+        # fan-out's other threads keep sys.stdout and sys.stderr): the target does it instead
+        parser._print_message = lambda message, file=None: None
+        parser.exit = parser.error = _refuse
+        values = vars(parser.parse_args(list(argv)))
     except (Exception, SystemExit):
         return None
     try:

@@ -422,3 +422,61 @@ def _screen(*argv, env=None):
     with mldiag_screen(*argv, env=env) as screen:
         assert screen.wait_exit(120) == 0, screen.text()
         return screen.text(escapes=True)
+
+
+# ---------------------------------------------------------------------------- the task parser
+
+PARSE_CASES = [
+    ["mldiag", "gpu-status", "-H", "a,b", "--json"],
+    ["mldiag", "ping", "gpu-status", "-H", "local"],          # two tasks on one line
+    ["mldiag", "ping", "-H", "gpu-status"],                    # a task's name as a flag's value
+    ["mldiag", "run-script", "ping", "-H", "local"],           # ... and as a positional
+    ["mldiag", "scan-log", "--path=/var/log/x", "-H", "h", "--lines", "5"],
+    ["mldiag", "--help=gpu-status"],
+    ["mldiag", "--help", "node-check"],
+    ["mldiag", "gpu-stats"],
+    ["mldiag", "hosts", "--nope"],
+    ["mldiag", "gpu-status", "-H"],
+]
+
+
+def _parse(program_class, argv):
+    from diagnostics import __version__
+    from diagnostics.tasks import ns
+    program = program_class(namespace=ns, version=__version__, name="mldiag", binary="mldiag")
+    try:
+        program.create_config()
+        program.parse_core(argv)
+        program.parse_collection()
+        program.parse_tasks()
+        program.parse_cleanup()                       # --help TASK looks its context up here
+    except BaseException as exc:                      # Invoke's ParseError, our Exit(4), help's Exit
+        return type(exc).__name__, str(exc), getattr(exc, "code", None)
+    return (program.args.help.value,
+            [(c.name, {k: a.value for k, a in c.args.items()}, [a.value for a in c.positional_args])
+             for c in program.tasks])
+
+
+@pytest.mark.parametrize("argv", PARSE_CASES, ids=lambda a: " ".join(a[1:]))
+def test_the_parser_of_the_named_tasks_parses_as_invokes_parser_of_all(argv):
+    """mldiag builds parser contexts only for the tasks its command line names
+    (MldiagProgram._make_parser); the parse must be the one Invoke's full parser makes."""
+    from invoke import Program
+    from diagnostics.program import MldiagProgram
+
+    class AllContexts(MldiagProgram):
+        _make_parser = Program._make_parser
+
+    assert _parse(MldiagProgram, argv) == _parse(AllContexts, argv)
+
+
+def test_the_parser_has_the_named_tasks_contexts_only():
+    from diagnostics import __version__
+    from diagnostics.program import MldiagProgram
+    from diagnostics.tasks import ns
+    program = MldiagProgram(namespace=ns, version=__version__, name="mldiag", binary="mldiag")
+    program.create_config()
+    program.parse_core(["mldiag", "gpu-status", "-H", "a"])
+    program.parse_collection()
+    program.parse_tasks()
+    assert list(program.parser.contexts) == ["gpu-status"]

@@ -129,3 +129,38 @@ def test_our_hot_diagnostics_import_argparse_only_to_build_a_parser():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), timeout=60)
         assert out.stdout.strip() == "False", (name, out.stderr)
+
+
+def test_a_fan_outs_threads_parse_one_argv_once(tmp_path):
+    """Every target's header is built at once in the fan-out's threads: one of them parses,
+    the others wait for its answer (a slow parser makes a second parse certain without that)."""
+    import threading
+    log = tmp_path / "builds"
+    source = f"""
+import time
+def build_parser():
+    import argparse
+    with open({str(log)!r}, "a") as f:
+        f.write("built\\n")
+    time.sleep(0.2)
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=1)
+    return p
+def run(args):
+    return {{"summary": "n", "findings": [], "data": {{}}}}
+"""
+    j = job(source, ["--n", "3"], own_code=True)
+    headers = []
+    threads = [threading.Thread(target=lambda: headers.append(header_of(j))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [h["args"] for h in headers] == [{"n": 3}] * 8
+    assert log.read_text() == "built\n"
+
+
+def test_help_in_argv_prints_nothing_here_and_is_left_to_the_target(capfd):
+    j = job(KEEP_TEXT, ["--help"], own_code=True)
+    assert "args" not in header_of(j)
+    assert capfd.readouterr() == ("", "")
