@@ -616,10 +616,15 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                 verdict = f"goal ≤ {goal}: {'met' if r <= goal else 'not met'}"
                 if stretch is not None:
                     verdict += f"; stretch ≤ {stretch}: {'met' if r <= stretch else 'not met'}"
+                # the same ratio per round (both commands timed within one round, a minute or
+                # less apart): the machine's drift between rounds cancels out of each
+                paired = [a.wall / b.wall for a, b in zip(row[name].samples, row[ref].samples)]
                 goals.append(f"  {size:>2} target{'s' if size != '1' else ''}  {name:<22} "
-                             f"{r:5.2f}× {ref:<10} ({verdict})")
+                             f"{r:5.2f}× {ref:<10} ({verdict}); per round {med(paired):.2f}× "
+                             f"({min(paired):.2f}-{max(paired):.2f})")
     if goals:
-        out.append("Goals (issue 14, DESIGN.md §7):")
+        out.append("Goals (issue 14, DESIGN.md §7): the ratio of the medians decides; 'per round' is "
+                   "the median (and range) of the ratios of the runs timed in the same round")
         out += goals
     for size, row in by_size.items():
         if size.endswith("CTs"):
