@@ -114,12 +114,13 @@ def _script_parser(name: str, source: bytes) -> Optional[Callable[[], Any]]:
         same_file = _read_script_file(name) == source
     except OSError:
         same_file = False
+    module_name = "mldiag_parse_" + name[:-3]
     if same_file:
         from importlib.machinery import SourceFileLoader
-        code = SourceFileLoader("mldiag_parse_" + name[:-3], path).get_code("mldiag_parse_" + name[:-3])
+        code = SourceFileLoader(module_name, path).get_code(module_name)
     else:
         code = compile(source, path, "exec", dont_inherit=True)
-    namespace = {"__name__": "mldiag_parse_" + name[:-3], "__file__": path}
+    namespace = {"__name__": module_name, "__file__": path}
     exec(code, namespace)
     return namespace.get("build_parser")
 
@@ -134,7 +135,7 @@ _PARSING = threading.Lock()   # a fan-out's threads build their headers at once:
 def parsed_args(name: str, source: bytes, argv: Tuple[str, ...]) -> Optional[Dict[str, Any]]:
     """The script's arguments as its ``build_parser().parse_args(argv)`` gives them, parsed here
     once for every target that gets the same argv: the runtime then skips argparse (its import
-    and a parser: ~6 ms of CPU on each target). None where the target must parse them itself,
+    and a parser: ~9 ms of CPU on each target). None where the target must parse them itself,
     as it does for a user's script: argv the parser refuses (the target reports it, as before),
     or values that JSON would not bring back unchanged. The scripts' parsers read nothing of
     the machine they run on (their defaults are constants; tests/unit/test_parsed_args.py),

@@ -102,16 +102,15 @@ class MldiagProgram(Program):
         # Invoke turns bytecode writing off here (its --write-pyc keeps a user's tasks.py from
         # leaving a __pycache__ in their project). mldiag's tasks are an installed package:
         # Python's own setting stands. Off, nothing imported later (paramiko, cryptography,
-        # mldiag's lazy modules) ever got a .pyc where PYTHONPYCACHEPREFIX points elsewhere or
-        # an editable install has none yet, and every run compiled them again: 121 modules,
-        # ~0.1 s of CPU per run on the bench machine.
-        writes_bytecode = not sys.dont_write_bytecode
+        # mldiag's lazy modules) ever got a .pyc where none was installed: under a
+        # PYTHONPYCACHEPREFIX every run compiled 121 modules again (~0.1 s of CPU here).
+        dont_write_bytecode = sys.dont_write_bytecode
         try:
             super().parse_core(argv)
         except ParseError as exc:
             raise Exit(parse_error_message(exc, self.refused_spellings()), code=EXIT_BAD_INPUT)
         finally:
-            sys.dont_write_bytecode = not writes_bytecode
+            sys.dont_write_bytecode = dont_write_bytecode
         tasks.COMMAND_LINE = list(self.argv)
 
     def _make_parser(self):
