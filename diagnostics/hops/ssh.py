@@ -9,6 +9,8 @@
 - Every stream read is bounded (head and tail) and every write has the run's deadline.
 - Host keys: ssh_config's UserKnownHostsFile/GlobalKnownHostsFile (hashed entries too) are the
   only trusted source.  Fabric's default ``AutoAddPolicy`` is replaced before connecting.
+- Settings come from hosts.yaml and ssh_config only: a connection's Fabric config reads no
+  Fabric config file (``fabric_config``).
 - The command line is ``shlex.join`` of an argv whose every token is from the safe alphabet
   (the bootstrap constant aside), checked here, right before sending.
 """
@@ -49,6 +51,22 @@ MAX_STARTUPS_PER_JUMP = 8
 
 class UnsafeCommand(AssertionError):
     pass
+
+
+def fabric_config() -> "fabric.Config":
+    """A connection's Fabric config: Fabric's defaults and an empty SSHConfig (ssh_config was
+    already applied through ``ssh -G``), built lazy, so that no file is read.
+
+    Not lazy, Fabric reads ``/etc/fabric.yaml`` and ``~/.fabric.yaml`` (also .yml, .json,
+    .py), and ``Connection.open`` would take from them a ``gateway`` (a ProxyCommand that
+    replaces the socket mldiag opened, past its own jump hosts), more ``key_filename`` entries
+    and an ``authentication.strategy_class``: settings mldiag says it never reads.
+    NOTE: one per connection, never shared: ``Connection.__init__`` writes ``inline_ssh_env``
+    into its config, and every write re-merges the config, emptying it meanwhile for any other
+    thread reading it (Fabric 3.2)."""
+    paramiko = import_paramiko()
+    import fabric
+    return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 
 def join_checked(argv: Sequence[str]) -> str:
@@ -392,10 +410,9 @@ class SshPool:
         import fabric
 
         from .knownhosts import HostKeyRefused, trust_known_hosts
-        # An empty SSHConfig: ssh_config was already applied through `ssh -G`.
-        config = fabric.Config(ssh_config=paramiko.SSHConfig())
-        conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port, config=config,
-                                 connect_timeout=ep.connect_timeout, connect_kwargs=connect_kwargs)
+        conn = fabric.Connection(host=ep.hostname, user=ep.user, port=ep.port,
+                                 config=fabric_config(), connect_timeout=ep.connect_timeout,
+                                 connect_kwargs=connect_kwargs)
         trust_known_hosts(conn, ep)
         where = f"{ep.user}@{ep.known_hosts_name}"
         try:

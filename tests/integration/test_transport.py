@@ -282,3 +282,26 @@ def test_ssh_config_proxycommand_is_honoured(lab, tmp_path):
         os.environ["MLDIAG_SSH_CONFIG"] = old
     assert r.status == "ok", r.to_dict()
     assert r.data["user"] == "mlsh"
+
+
+def test_a_fabric_config_file_is_not_read(hosts, tmp_path, monkeypatch):
+    """~/.fabric.yaml is Fabric's, not mldiag's: its `gateway` (a ProxyCommand that would
+    replace mldiag's own socket) and its extra key files must not reach the connection."""
+    from diagnostics.hops import ssh
+
+    home = tmp_path / "home"
+    home.mkdir()
+    marker = tmp_path / "gateway-ran"
+    planted_key = tmp_path / "planted_key"
+    planted_key.write_text("not a key\n")
+    (home / ".fabric.yaml").write_text(
+        f"gateway: \"sh -c 'touch {marker}; exit 1'\"\n"
+        f"connect_kwargs:\n  key_filename: [{planted_key}]\n")
+    monkeypatch.setenv("HOME", str(home))
+    r = ping(hosts, "main")["main"]
+    assert r.status == "ok", r.to_dict()
+    assert not marker.exists()
+    config = ssh.fabric_config()
+    assert config.gateway is None and config.connect_kwargs == {}
+    # one per connection: Fabric writes into a connection's config (see fabric_config)
+    assert ssh.fabric_config() is not config
