@@ -59,7 +59,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -554,7 +554,25 @@ def med(values):
     return statistics.median(values) if values else float("nan")
 
 
-def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
+SPEED_PROBE = "import paramiko"
+
+
+def python_speed(env: Dict[str, str]) -> float:
+    """Seconds the fastest of three `python -c 'import paramiko'` took: how fast this machine
+    runs an import-heavy Python start at this moment. mldiag's client is one and ssh is C, so a
+    machine slowed by its neighbours (which the load average of this VM does not show) moves
+    the 1-target ratios; taken before the runs and after each round, it shows in the report."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", SPEED_PROBE], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def report(cases: List[Case], args, loads: List[float], lab_note: str,
+           speeds: Sequence[float] = ()) -> str:
     out = []
     out.append(f"mldiag fleet bench: whole-process wall time, median of {args.runs} runs; "
                f"{os.cpu_count()} CPUs; 1-min load average {loads[0]:.2f} before the bench, "
@@ -598,6 +616,10 @@ def report(cases: List[Case], args, loads: List[float], lab_note: str) -> str:
                    "connection: no interpreter to start).")
     out.append(f"Other work used {others / walls:.2f} of the {os.cpu_count()} CPUs on average during "
                f"the timed commands.")
+    if speeds:
+        out.append(f"Python's speed: `python -c '{SPEED_PROBE}'` (the fastest of 3) took "
+                   f"{min(speeds) * 1000:.0f}-{max(speeds) * 1000:.0f} ms before the runs and after "
+                   f"each round: the slowest {max(speeds) / min(speeds):.2f}× the fastest.")
     goals = []
     for (size, ref), goal in GOALS.items():
         row = by_size.get(size, {})
@@ -791,15 +813,18 @@ def main() -> int:
         for c in cases:                          # warm-up: page cache, first `ssh -G`; checks output
             run_case(c, servers, counter, check=True)
             c.samples.clear(), c.server_cpu.clear(), c.conns.clear(), c.other_cpu.clear()
+        speed_env = bytecode_env(dict(os.environ), work / "pycache")
+        speeds = [python_speed(speed_env)]
         for r in range(args.runs):
             order = cases[r % len(cases):] + cases[:r % len(cases)]   # rotate: no fixed neighbours
             for c in order:
                 run_case(c, servers, counter)
             loads.append(os.getloadavg()[0])
-            print(f"run {r + 1}/{args.runs} done ({time.monotonic() - t0:.0f}s, load {load_avg()})",
-                  file=sys.stderr, flush=True)
+            speeds.append(python_speed(speed_env))
+            print(f"run {r + 1}/{args.runs} done ({time.monotonic() - t0:.0f}s, load {load_avg()}, "
+                  f"python -c '{SPEED_PROBE}' {speeds[-1] * 1000:.0f} ms)", file=sys.stderr, flush=True)
         print(report(cases, args, loads, f"; lab: {', '.join(lab.unavailable) or 'complete'}"
-                                  .replace("; lab: complete", "")))
+                                  .replace("; lab: complete", ""), speeds))
         if args.save:
             Path(args.save).write_text(json.dumps([
                 {"size": c.size, "command": c.name, "wall": [s.wall for s in c.samples],
