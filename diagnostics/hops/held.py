@@ -116,12 +116,16 @@ def private_dir() -> Optional[str]:
     return base if _private(base, uid) else None
 
 
+def is_private(st: os.stat_result, uid: int) -> bool:
+    """A directory of ``uid``'s own that no one else may enter, list or write."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+
+
 def _private(path: str, uid: int) -> bool:
     try:
-        st = os.lstat(path)
+        return is_private(os.lstat(path), uid)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
 def holder_name() -> str:

@@ -9,17 +9,22 @@ again whenever any of them changes:
 - the files: the config (``-F``, else ``~/.ssh/config`` and ``/etc/ssh/ssh_config``) and every
   file its ``Include`` lines name, globs expanded now (a new file in ``ssh_config.d`` changes
   the digest), each by path, content, owner and mode (ssh refuses a config others may write);
+  ``~`` is the password database's home directory, as ssh takes it, never ``$HOME``;
 - the ssh binary (path, size, mtime, inode), the user (uid, home directory, ``$USER``), this
   machine's name (``%L``, ``%l``) and the value of every ``${VAR}`` a config names;
 - never kept: a config with ``Match exec``, ``localnetwork``, ``canonical`` or ``final``,
-  or ``CanonicalizeHostname`` on (answered through DNS), in any of its files; an unreadable
-  file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed
+  or ``CanonicalizeHostname`` on (answered through DNS), in any of its files, however the
+  line is spelled (``Match exec=cmd``, quotes, tabs, any case); an unreadable file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed
   ``ssh -G``.
 
 Where: ``<dir>/sshg-<digest>.json`` in the user's private directory (``held.private_dir``: the
 user's own, 0700, not a link), written 0600 through ``SaveDir`` (a temp file and a rename),
-read through no link from a regular file of the user's own and at most MAX_BYTES long; a
-damaged file is ignored. The answers of the KEEP_STATES most recent states are kept.
+read through no link from a regular file of the user's own that no one else may write, in
+that directory as it is when read (its owner and mode checked again on the open directory), at
+most MAX_BYTES long. A file is believed only when it names the state it is the answers of (a
+file renamed from another state's name is not) and its checksum matches its answers (one edited
+or cut short outside mldiag is not), and each answer has the form of ``ssh -G`` output; any other
+file is ignored, which costs one ``ssh -G``. The answers of the KEEP_STATES most recent states are kept.
 ``$MLDIAG_SSH_G_CACHE=0`` turns this off. What the file says decides where mldiag connects (a ProxyCommand too): it is
 exactly as trusted as the user's own ssh_config, which only the user can change.
 """
@@ -40,7 +45,7 @@ from ..ownfile import read_own
 from ..savedir import SaveDir
 
 ENV_SWITCH = "MLDIAG_SSH_G_CACHE"
-FORMAT = 1
+FORMAT = 2               # 2: a file names its state and carries its answers' checksum
 MAX_FILES = 64            # files of one config closure
 MAX_DEPTH = 16            # Include nesting (OpenSSH's READCONF_MAX_DEPTH)
 MAX_FILE_BYTES = 1 << 20  # one config file
@@ -53,6 +58,9 @@ _REFUSED_MATCH = {"exec", "localnetwork", "canonical", "final"}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # the only lines read word by word: a fleet's config is hundreds of Host blocks
 _LINES_THAT_MATTER = re.compile(r"^[ \t]*(?:include|match|canonicalizehostname)\b.*$", re.I | re.M)
+# an answer as ssh -G prints it: "keyword value" lines (a keyword's case is ssh's own:
+# canonicalizePermittedcnames), one of them the hostname
+_ANSWER_LINE = re.compile(r"[A-Za-z0-9]+ [^\n]*")
 _lock = threading.Lock()
 
 
@@ -85,6 +93,30 @@ def _words(line: str) -> List[str]:
     return words
 
 
+def home_dir() -> str:
+    """The home directory ssh reads ``~/.ssh/config`` from and expands ``~`` to: the password
+    database's entry for the real uid (OpenSSH's ssh.c and misc.c ``tilde_expand`` take
+    ``getpwuid(getuid())->pw_dir``), never ``$HOME``, which sudo may keep from another user."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
+
+
+def _expand_tilde(path: str, home: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return os.path.expanduser(path)     # ~user: from the password database too
+
+
+def _match_criteria(words: List[str]) -> List[str]:
+    """A ``Match`` line's criteria and arguments, lowercased and without ``!``: ssh splits a
+    criterion from its argument at one ``=`` as at whitespace (``Match exec=cmd`` runs cmd,
+    tried with OpenSSH 9.2), so each word is split there too."""
+    return [piece.lstrip("!").lower() for word in words[1:] for piece in word.split("=")]
+
+
 def _read(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as f:
@@ -98,13 +130,15 @@ def _read(path: str) -> Optional[bytes]:
     return data
 
 
-def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None) -> List[list]:
+def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None,
+                   home: Optional[str] = None) -> List[list]:
     """``[[path, sha256 or None (missing), uid, mode], ...]`` of every file ssh would read,
     from ``roots`` (``(path, directory its relative Includes are under)``), Includes followed
-    in order; ``names`` gets the ``${VAR}`` names they use. Raises NotKept for a config whose
-    answers no file pins down."""
+    in order, ``~`` in them being ``home`` (``home_dir()`` unless given); ``names`` gets the
+    ``${VAR}`` names they use. Raises NotKept for a config whose answers no file pins down."""
     out: List[list] = []
     names = set() if names is None else names
+    home = home_dir() if home is None else home
 
     def visit(path: str, base: str, depth: int) -> None:
         if depth > MAX_DEPTH or len(out) >= MAX_FILES:
@@ -122,15 +156,14 @@ def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None) ->
             if not words:
                 continue
             keyword = words[0].lower()
-            criteria = [w.lstrip("!").lower() for w in words[1:]]
-            if keyword == "match" and _REFUSED_MATCH.intersection(criteria):
+            if keyword == "match" and _REFUSED_MATCH.intersection(_match_criteria(words)):
                 raise NotKept(f"{path}: Match {' '.join(words[1:])}")
             if keyword == "canonicalizehostname" and len(words) > 1 and \
                     words[1].lower() not in ("no", "false"):
                 raise NotKept(f"{path}: CanonicalizeHostname {words[1]}")
             if keyword == "include":
                 for pattern in words[1:]:
-                    pattern = os.path.expanduser(pattern)
+                    pattern = _expand_tilde(pattern, home)
                     if not pattern.startswith("/"):
                         pattern = os.path.join(base, pattern)
                     matches = sorted(glob.glob(pattern))
@@ -144,8 +177,8 @@ def config_closure(roots: List[Tuple[str, str]], names: Optional[set] = None) ->
     return out
 
 
-def _roots(config: Optional[str]) -> List[Tuple[str, str]]:
-    user_dir = os.path.expanduser("~/.ssh")
+def _roots(config: Optional[str], home: str) -> List[Tuple[str, str]]:
+    user_dir = os.path.join(home, ".ssh")
     if config:
         return [(config, user_dir)]
     return [(os.path.join(user_dir, "config"), user_dir), ("/etc/ssh/ssh_config", "/etc/ssh")]
@@ -154,12 +187,8 @@ def _roots(config: Optional[str]) -> List[Tuple[str, str]]:
 def state_digest(ssh: str, config: Optional[str], environ=os.environ) -> str:
     """The digest of everything an ``ssh -G`` answer depends on but its own arguments."""
     names: set = set()
-    closure = config_closure(_roots(config), names)
-    try:
-        import pwd
-        home = pwd.getpwuid(os.getuid()).pw_dir
-    except (ImportError, KeyError):
-        home = ""
+    home = home_dir()
+    closure = config_closure(_roots(config, home), names, home)
     st = os.stat(ssh)
     facts = {"format": FORMAT, "ssh": [ssh, st.st_size, st.st_mtime_ns, st.st_ino],
              "config": config, "files": closure, "uid": os.getuid(), "home": home,
@@ -172,11 +201,22 @@ def enabled(environ=os.environ) -> bool:
     return environ.get(ENV_SWITCH, "1").strip() not in ("0", "no", "false", "off")
 
 
+def _checksum(answers) -> str:
+    return hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()
+
+
+def _is_answer(text: str) -> bool:
+    lines = text.splitlines()
+    return (all(_ANSWER_LINE.fullmatch(line) for line in lines)
+            and any(line.startswith("hostname ") for line in lines))
+
+
 class AnswerFile:
     """The kept answers of one state: ``{argument key: ssh -G stdout}``."""
 
     def __init__(self, directory: str, digest: str):
         self.directory = directory
+        self.digest = digest
         self.name = f"sshg-{digest}.json"
         self.answers: Dict[str, str] = self._load()
         self.dirty = False
@@ -186,24 +226,28 @@ class AnswerFile:
         return os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def _load(self) -> Dict[str, str]:
+        from .held import is_private
         try:
             dfd = self._dir_fd()
         except OSError:
             return {}
         try:
-            data = read_own(self.name, MAX_BYTES, dir_fd=dfd)
+            # the directory as it is now, not as private_dir() saw it: a swapped one is no store
+            private = is_private(os.fstat(dfd), os.geteuid())
+            data = read_own(self.name, MAX_BYTES, dir_fd=dfd) if private else None
         finally:
             os.close(dfd)
         try:
             doc = json.loads(data) if data is not None else None
         except ValueError:
             return {}
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("state") != self.digest:
             return {}
         answers = doc.get("answers")
-        if not isinstance(answers, dict):
+        if not isinstance(answers, dict) or doc.get("sum") != _checksum(answers):
             return {}
-        return {k: v for k, v in answers.items() if isinstance(k, str) and isinstance(v, str)}
+        return {k: v for k, v in answers.items()
+                if isinstance(k, str) and isinstance(v, str) and _is_answer(v)}
 
     def save(self) -> None:
         """Write the answers through the project's one no-follow writer (``SaveDir``: a fresh
@@ -212,7 +256,8 @@ class AnswerFile:
         self.dirty, self.saved_at = False, time.monotonic()
         if len(self.answers) > MAX_ANSWERS:
             return
-        text = json.dumps({"format": FORMAT, "answers": self.answers})
+        text = json.dumps({"format": FORMAT, "state": self.digest, "sum": _checksum(self.answers),
+                           "answers": self.answers})
         if len(text) > MAX_BYTES:
             return
         try:

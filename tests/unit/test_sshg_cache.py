@@ -218,12 +218,17 @@ def test_a_damaged_file_is_ignored(tmp_path, content):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-def test_a_file_of_another_user_is_ignored(tmp_path):
+@pytest.mark.parametrize("foreign", ["file", "directory"])
+def test_a_file_or_directory_of_another_user_is_ignored(tmp_path, foreign):
+    """A file as mldiag wrote it, then given to another user; or the user's own file in a
+    directory someone else owns (one swapped in after ``private_dir`` checked it)."""
     d = private_store(tmp_path)
     f = d / "sshg-abc.json"
-    f.write_text(json.dumps({"format": sshg_cache.FORMAT, "answers": {"k": "v"}}))
-    assert sshg_cache.AnswerFile(str(d), "abc").answers == {"k": "v"}
-    os.chown(f, 65534, 65534)
+    store = sshg_cache.AnswerFile(str(d), "abc")
+    store.answers["k"] = "hostname good\n"
+    store.save()
+    assert sshg_cache.AnswerFile(str(d), "abc").answers == {"k": "hostname good\n"}
+    os.chown(f if foreign == "file" else d, 65534, 65534)
     assert sshg_cache.AnswerFile(str(d), "abc").answers == {}
 
 
