@@ -8,8 +8,16 @@ three; load_catalog() reads it from this file's directory).
 Pure parts (the unit tests drive them with recorded kernel logs):
 
 - ``parse_kernel_log(text) -> [event]``: every ``NVRM: Xid`` line, every NVSwitch ``SXid``
-  line, and ``NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`` without an Xid 79 line
-  for that GPU in the 20 lines before it (then it is taken as Xid 79). Line formats: ``dmesg``
+  line, and a GPU that fell off the bus in the driver's words without an Xid 79 line for that
+  GPU in the 20 lines before or after it (then it is taken as Xid 79, ``derived``):
+  ``NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`` (also ``GPU 18:00.0``, no PCI
+  domain: domain 0000, as GPUd's normalizePCIBDF), and NVIDIA's three-line message ``NVRM: The
+  NVIDIA GPU 0000:b3:00.0`` / ``NVRM: (PCI ID: 10de:26b5) installed in this system has`` /
+  ``NVRM: fallen off the bus and is not responding to commands.`` -- as kernel-log lines of
+  their own (the last within 4 lines of the first; journalctl indents a multi-line entry's
+  later lines, NVSentinel's gpufallen tests), joined on one line (one journal entry, a
+  /dev/kmsg record whose newlines read ``\\x0a``) or shortened to ``The NVIDIA GPU ... fallen
+  off the bus and is not responding to commands.``. Line formats: ``dmesg``
   (``[ 1234.567890] ...``), ``dmesg -T`` (``[Sun Feb 23 16:24:18 2025] ...``), ``dmesg
   --time-format=iso``, ``dmesg --decode`` (``kern  :warn  : <iso> ...``), ``/dev/kmsg`` records
   (``prio,seq,usec,flags;msg``), ``journalctl -k -o short-iso`` and syslog
@@ -48,7 +56,9 @@ RESET_GPU (46, 62, 64, 95, 109, 119, 120,      reset-gpu   ``nvidia-smi -r -i N`
 WORKFLOW_XID_48 (48), solo                     reset-gpu   NVIDIA: "Solo: RESET_GPU"
 48 with 63 or 64 on the same GPU               drain       NVIDIA: "w/ 63 or 64: DRAIN_AND_RESET"
 WORKFLOW_NVLINK_ERR (74)                       reset-gpu   "A GPU reset or node reboot is needed"
-WORKFLOW_NVLINK5_ERR (144-150)                 reset-gpu   ... monitor when the line says Nonfatal
+WORKFLOW_NVLINK5_ERR (144-150)                 per line    see "NVLink5 Xids" below; a line without
+                                                           the decode fields: reset-gpu, monitor when
+                                                           it says Nonfatal
 XID_154 (154)                                  per line    "recovery action changed ... to 0x2 (Node
                                                            Reboot Required)": None -> none, GPU Reset
                                                            Required -> reset-gpu, Node Reboot
@@ -66,7 +76,7 @@ no bucket in the sheet (162-172)               ours        162 none; 163-166, 17
                                                            timeout, 168 WPR errors -> reboot; 169
                                                            micro-controller halt (as 62), 171, 172
                                                            (detail of 48) -> reset-gpu
-an Xid not in the catalog                      monitor     said so in the message
+an Xid not in the catalog                      monitor     see "An Xid the catalog does not know"
 SXid whose FM guide repair is a reboot         reboot      gpud's RebootSystem (fatal SXids)
 other SXids                                    monitor
 an SXid line that says "Fatal" (or an          reboot      a fatal NVSwitch error takes the fabric
@@ -75,6 +85,32 @@ an SXid line that says "Non-fatal"             monitor     (unless always fatal)
 kernel log unreadable                          none        warn ``kernel-log-unreadable``
 journalctl/dmesg hung                          reboot      fail ``tool-hung`` (the contract's rule)
 =============================================  ==========  ==========================================
+
+NVLink5 Xids (144-150) print their own decode fields: ``Xid (PCI:0018:01:00): 149,
+NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 ...)`` -- unit, ``Fatal`` or
+``Nonfatal``, containment, injection, link, then intrInfo and errorStatus. NVIDIA's bucket for
+them (WORKFLOW_NVLINK5_ERR) says to decode intrInfo and errorStatus with its "XID 144-150
+Decode" sheet. The peers do: NVIDIA NVSentinel (syslog-health-monitor pkg/xid/parser/csv.go)
+takes the resolution of the sheet's row matching intrInfo's pattern and errorStatus, ignoring
+the Fatal/Nonfatal word; GPUd (components/accelerator/nvidia/xid/xid.go, detailFromNVLinkInfo)
+takes the row's severity and resolution and then the worse of that severity and the line's.
+mldiag, the same way as GPUd: **reset-gpu (fail) when the line says Fatal or when the sheet's
+immediate action for that unit and errorStatus is RESET_GPU** (``nvlink5_reset`` in the
+catalog), **monitor (warn) otherwise**: the sheet's other rows are IGNORE or XID_154_EVAL
+("evaluate the Xid 154 that follows", and that line is classified by itself). intrInfo is not
+matched: within one unit and errorStatus the sheet's rows differ by intrInfo pattern only for
+149 NETIR_LINK_EVT errorStatus 0, all of them Fatal (RESET_GPU but for two IGNORE rows, whose
+lines say Fatal anyway), so NVSentinel's choice of the pattern by driver version would change
+nothing here. The unit, link, intrInfo and errorStatus are kept on the event (``nvlink``) and
+quoted in the message, for the sheet's investigatory columns.
+
+An Xid the catalog does not know (from a driver newer than the catalog: NVIDIA adds codes with
+its drivers) is **monitor (warn)**, its message saying "not in the catalog" and its hint to
+look it up. NVSentinel's CSV parser answers CONTACT_SUPPORT for it; GPUd drops it (Match
+returns nil). mldiag's reason: a code nobody has classified yet is no evidence the node is
+broken, and drain, reset or an RMA on it would take healthy nodes out of a fleet after a driver
+upgrade; a warning still makes the run exit 1 and keeps the code in front of an operator, and
+the catalog's next release decides.
 """
 
 from __future__ import annotations
@@ -92,6 +128,8 @@ DEFAULT_TIMEOUT = 10.0
 MAX_LOG_BYTES = 16 * 1024 * 1024      # the last 16 MiB of a log are read, whatever its size
 MAX_TEXT = 200                         # characters of a line quoted in a message
 FELL_OFF_WINDOW = 20                   # lines an Xid 79 covers its "fallen off the bus" line
+NVIDIA_GPU_LINES = 4                   # "The NVIDIA GPU ..." to its "fallen off the bus" line
+UNKNOWN_XID_ACTION = "monitor"         # see "An Xid the catalog does not know" above
 
 HINTS = {
     "none": None,
@@ -106,6 +144,8 @@ HINTS = {
              "`nvidia-smi -q -d ROW_REMAPPER`",
     "rma": "drain the node and contact the vendor (RMA)",
 }
+UNKNOWN_XID_HINT = ("a code newer than mldiag's Xid catalog: look it up in NVIDIA's Xid catalog "
+                    "(docs.nvidia.com/deploy/xid-errors) and watch whether it repeats on one GPU")
 RECOVERY_154 = [("node reboot", "reboot"), ("gpu reset", "reset-gpu"), ("drain", "drain"),
                 ("none", "none")]
 
@@ -115,8 +155,10 @@ _CATALOG = {}
 
 
 def load_catalog(path=None):
-    """{"xids": {n: row}, "sxids": {n: row}} from xid_catalog.json beside this file (cached);
-    row: dict of the catalog's columns. Raises OSError or ValueError."""
+    """{"xids": {n: row}, "sxids": {n: row}, "nvlink5_reset": {(xid, unit): {errorStatus}}}
+    from xid_catalog.json beside this file (cached); row: dict of the catalog's columns; a unit
+    the sheet names ``TLW_RX/TLW_RX_PIPE0`` is found by each of its names and by the whole.
+    Raises OSError or ValueError."""
     path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), CATALOG_FILE)
     if path not in _CATALOG:
         with open(path, "r", encoding="utf-8") as f:
@@ -125,16 +167,30 @@ def load_catalog(path=None):
         _CATALOG[path] = {
             "xids": dict((int(k), dict(zip(xc, v))) for k, v in raw["xids"].items()),
             "sxids": dict((int(k), dict(zip(sc, v))) for k, v in raw["sxids"].items()),
+            "nvlink5_reset": _unit_index(raw.get("nvlink5_reset") or {}),
         }
     return _CATALOG[path]
 
 
+def _unit_index(by_xid):
+    """{"145": {"RLW_REMAP": ["0x00000040"]}} -> {(145, "RLW_REMAP"): {0x40}}, each unit also
+    under each of its "/"-separated names."""
+    out = {}
+    for xid, units in by_xid.items():
+        for unit, statuses in units.items():
+            for name in set(unit.split("/")) | {unit}:
+                out.setdefault((int(xid), name), set()).update(int(s, 16) for s in statuses)
+    return out
+
+
 def xid_info(xid, catalog=None):
-    """The catalog row of an Xid: name, nvidia_action, action, level; an unknown Xid: monitor."""
+    """The catalog row of an Xid: name, nvidia_action, action, level; an unknown Xid:
+    UNKNOWN_XID_ACTION."""
     row = (catalog or load_catalog())["xids"].get(xid)
     if row is None:
         return {"mnemonic": None, "description": None, "name": "not in the catalog",
-                "nvidia_action": None, "action": "monitor", "level": "warn"}
+                "nvidia_action": None, "action": UNKNOWN_XID_ACTION,
+                "level": LEVEL_OF[UNKNOWN_XID_ACTION]}
     out = dict(row)
     out["name"] = row["description"] if row["description"] not in ("Unused", "") else row["mnemonic"]
     return out
@@ -155,7 +211,14 @@ _HOST_KERNEL = re.compile(r"^\S+ kernel: (.*)$")
 _PCI = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(" + _PCI + r")\): (\d+)(?:,\s*(.*))?")
 _SXID = re.compile(r"(nvidia-nvswitch\d+|nvswitch\d+): SXid \((?:PCI:)?(" + _PCI + r")\): (\d+)(?:,\s*(.*))?")
-_FELL = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(" + _PCI + r"): GPU has fallen off the bus")
+# a GPU that fell off the bus, in words without "Xid": the PCI domain may be left off
+_BDF = r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+_FELL = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(" + _BDF + r"): GPU has fallen off the bus")
+_THE_GPU = re.compile(r"NVRM: The NVIDIA GPU (" + _BDF + r")(?![0-9A-Za-z:.])")
+_NOT_RESPONDING = re.compile(r"fallen off the bus and is not responding")
+# NVLink5 (Xid 144-150): "<unit> Fatal|Nonfatal XC0 i0 Link 08 (0x<intrInfo> 0x<errorStatus>"
+_NVLINK5 = re.compile(r"(?:^|,\s*)([A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)*)\s+(Fatal|Non-?fatal)\s+"
+                      r"XC\d\s+i\d+\s+Link\s+(-?\d+)\s+\((0x[0-9A-Fa-f]{1,8})\s+(0x[0-9A-Fa-f]{1,8})\b")
 _LINK = re.compile(r"\bLink (\d+)")
 
 
@@ -178,8 +241,11 @@ def split_line(line):
 
 
 def pci_key(bus_id):
-    """``00000000:BA:00.0`` (nvidia-smi) and ``0000:ba:00`` (the kernel log) -> (0, 0xba, 0)."""
+    """``00000000:BA:00.0`` (nvidia-smi), ``0000:ba:00`` (the kernel log) and ``ba:00.0`` (a
+    fallen-off-the-bus line without the PCI domain: domain 0) -> (0, 0xba, 0)."""
     parts = str(bus_id or "").strip().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
     if len(parts) != 3:
         return None
     try:
@@ -193,41 +259,87 @@ def _short_pci(bus_id):
     return "%04x:%02x:%02x" % k if k else str(bus_id)
 
 
+def _nvlink5_fields(rest):
+    """The decode fields of an NVLink5 Xid's line (after the code), or None."""
+    m = _NVLINK5.search(rest or "")
+    if not m:
+        return None
+    return {"unit": m.group(1), "severity": "fatal" if m.group(2) == "Fatal" else "non-fatal",
+            "link": int(m.group(3)), "intrinfo": int(m.group(4), 16), "err_status": int(m.group(5), 16)}
+
+
+def _continuation(msg):
+    """A later line of a multi-line NVRM message, without its indent and ``NVRM:``."""
+    msg = msg.strip()
+    return msg[len("NVRM:"):].strip() if msg.startswith("NVRM:") else msg
+
+
 def parse_kernel_log(text):
     """Kernel log text -> events, in log order: ``{"kind": "xid"|"sxid", "code": int,
     "pci": "0000:91:00", "device": "nvswitch0" (SXid), "time": str|None, "line": int (1-based),
     "text": the message, "severity": "fatal"|"non-fatal"|None (SXid), "link": int|None (SXid),
-    "detail_lines": int, "derived": True (Xid 79 from a "fallen off the bus" line)}``."""
+    "detail_lines": int, "derived": True (Xid 79 from a "fallen off the bus" message),
+    "nvlink": {"unit", "severity", "link", "intrinfo", "err_status"} (Xid 144-150 that print
+    them)}``."""
     events = []
     last_xid = None                  # the Xid event the following NVRM lines belong to
     last_79 = {}                     # pci key -> line number of its last Xid 79
+    derived_79 = {}                  # pci key -> its last event made from "fallen off the bus"
     sxid_head = {}                   # (device, sxid) -> its last head event
+    the_gpu = None                   # "The NVIDIA GPU ..." waiting for its "fallen off the bus"
+
+    def fell_off(pci, n, when, msg, detail):
+        """A GPU that fell off the bus in words: Xid 79, unless its Xid 79 line is near."""
+        key = pci_key(pci)
+        seen = last_79.get(key)
+        if seen is not None and n - seen <= FELL_OFF_WINDOW:
+            if last_xid is not None:
+                last_xid["detail_lines"] += 1 + detail
+            return last_xid
+        ev = {"kind": "xid", "code": 79, "pci": _short_pci(pci), "time": when, "line": n,
+              "text": " ".join(msg.replace("\\x0a", " ").split())[:MAX_TEXT * 2],
+              "detail_lines": detail, "derived": True}
+        events.append(ev)
+        last_79[key] = n
+        derived_79[key] = ev
+        return ev
+
     for n, raw in enumerate(text.splitlines(), 1):
-        if "NVRM" not in raw and "SXid" not in raw:
+        if the_gpu is not None and n - the_gpu["line"] > NVIDIA_GPU_LINES:
+            the_gpu = None
+        if "NVRM" not in raw and "SXid" not in raw and the_gpu is None:
             continue
         when, msg = split_line(raw)
         m = _XID.search(msg)
         if m:
-            ev = {"kind": "xid", "code": int(m.group(2)), "pci": _short_pci(m.group(1)), "time": when,
+            code = int(m.group(2))
+            ev = {"kind": "xid", "code": code, "pci": _short_pci(m.group(1)), "time": when,
                   "line": n, "text": msg[m.start():].strip()[:MAX_TEXT * 2], "detail_lines": 0}
+            if 144 <= code <= 150:
+                nvlink = _nvlink5_fields(m.group(3))
+                if nvlink:
+                    ev["nvlink"] = nvlink
+            if code == 79:
+                key = pci_key(m.group(1))
+                early = derived_79.pop(key, None)
+                if early is not None and n - early["line"] <= FELL_OFF_WINDOW:
+                    # the driver's words came first (NVSentinel's gpufallen tests): one event
+                    events.remove(early)
+                    ev["detail_lines"] += 1 + early["detail_lines"]
+                last_79[key] = n
             events.append(ev)
             last_xid = ev
-            if ev["code"] == 79:
-                last_79[pci_key(m.group(1))] = n
             continue
         m = _FELL.search(msg)
         if m:
-            key = pci_key(m.group(1))
-            seen = last_79.get(key)
-            if seen is not None and n - seen <= FELL_OFF_WINDOW:
-                if last_xid is not None:
-                    last_xid["detail_lines"] += 1
-                continue
-            ev = {"kind": "xid", "code": 79, "pci": _short_pci(m.group(1)), "time": when, "line": n,
-                  "text": msg[m.start():].strip()[:MAX_TEXT * 2], "detail_lines": 0, "derived": True}
-            events.append(ev)
-            last_xid = ev
-            last_79[key] = n
+            last_xid = fell_off(m.group(1), n, when, msg[m.start():], 0)
+            continue
+        m = _THE_GPU.search(msg)
+        if m:
+            if _NOT_RESPONDING.search(msg, m.end()):         # all of it on this line
+                last_xid = fell_off(m.group(1), n, when, msg[m.start():], 0)
+            else:
+                the_gpu = {"pci": m.group(1), "line": n, "time": when, "pieces": [msg[m.start():].strip()]}
             continue
         m = _SXID.search(msg)
         if m:
@@ -248,8 +360,16 @@ def parse_kernel_log(text):
             sxid_head[key] = ev
             last_xid = None
             continue
+        if the_gpu is not None:
+            the_gpu["pieces"].append(_continuation(msg))
+            if _NOT_RESPONDING.search(msg):
+                g, the_gpu = the_gpu, None
+                last_xid = fell_off(g["pci"], g["line"], g["time"], " ".join(g["pieces"]),
+                                    len(g["pieces"]) - 1)
+            continue
         if last_xid is not None and "NVRM:" in msg and when == last_xid["time"]:
             last_xid["detail_lines"] += 1      # the GSP RPC dump, serial numbers, ...
+    events.sort(key=lambda e: e["line"])      # a multi-line message counts at its first line
     return events
 
 
@@ -274,9 +394,26 @@ def event_action(ev, catalog=None):
             if words in tail:
                 return action
         return "monitor"
-    if 144 <= ev["code"] <= 150 and re.search(r"\bnon-?fatal\b", low):
-        return "monitor"
+    if 144 <= ev["code"] <= 150:
+        return nvlink5_action(ev, catalog, low)
     return info["action"]
+
+
+def nvlink5_action(ev, catalog, low):
+    """Xid 144-150 (see "NVLink5 Xids" above): reset-gpu when the line says Fatal or NVIDIA's
+    decode sheet resets the GPU for its unit and errorStatus, else monitor; a line without the
+    decode fields: the catalog's action, monitor where it says Nonfatal."""
+    nv = ev.get("nvlink")
+    if nv is None:
+        return "monitor" if re.search(r"\bnon-?fatal\b", low) else xid_info(ev["code"], catalog)["action"]
+    return "reset-gpu" if nv["severity"] == "fatal" or _sheet_resets(ev, catalog) else "monitor"
+
+
+def _sheet_resets(ev, catalog):
+    """Whether NVIDIA's decode sheet resets the GPU for this NVLink5 event's unit and errorStatus."""
+    nv = ev.get("nvlink")
+    resets = catalog.get("nvlink5_reset") or {}
+    return bool(nv) and nv["err_status"] in resets.get((ev["code"], nv["unit"]), ())
 
 
 def _where_gpus(counts, names):
@@ -344,12 +481,20 @@ def classify(events, gpus=None, catalog=None):
             elif info["nvidia_action"]:
                 msg += " (NVIDIA: %s)" % info["nvidia_action"]
             if any(e.get("derived") for e in evs):
-                msg += "; from the \"GPU has fallen off the bus\" line"
+                msg += "; from the driver's \"fallen off the bus\" message (no Xid line)"
+            # a Nonfatal line the decode sheet resets the GPU for: say why it is a fail
+            sheet = [e["nvlink"] for e in evs if action == "reset-gpu" and e.get("nvlink")
+                     and e["nvlink"]["severity"] != "fatal" and _sheet_resets(e, catalog)]
+            if sheet:
+                msg += "; NVIDIA's XID 144-150 Decode resets the GPU for %s errorStatus 0x%08x" % (
+                    sheet[0]["unit"], sheet[0]["err_status"])
             finding = {"level": LEVEL_OF[action], "code": "xid-%d" % code, "message": msg,
                        "action": action, "check": "xid"}
             idx = sorted(d for d in f["devices"] if isinstance(d, int))
             if idx:
                 finding["gpus"] = idx
+            if code not in catalog["xids"]:
+                finding["hint"] = UNKNOWN_XID_HINT
         else:
             row = catalog["sxids"].get(code)
             sev = sorted(set(e["severity"] for e in evs if e.get("severity")))
@@ -367,7 +512,7 @@ def classify(events, gpus=None, catalog=None):
             finding = {"level": LEVEL_OF[action], "code": "sxid-%d" % code, "message": msg,
                        "action": action, "check": "xid", "ports": sorted(f["devices"], key=_natural)}
         hint = HINTS.get(action)
-        if hint:
+        if hint and "hint" not in finding:
             finding["hint"] = hint
         findings.append(finding)
     return findings

@@ -171,7 +171,7 @@ def test_fallen_off_the_bus_without_an_xid_line_is_xid_79():
                                                                         (79, "0000:19:00", True)]
     findings = xid.classify(events, INVENTORY)
     assert summary(findings) == [("xid-79", "fail", "reboot", [0, 4], None)]
-    assert "from the \"GPU has fallen off the bus\" line" in findings[0]["message"]
+    assert "from the driver's \"fallen off the bus\" message (no Xid line)" in findings[0]["message"]
 
 
 def test_repeats_fold_per_xid_with_counts_per_gpu():

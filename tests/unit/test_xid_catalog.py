@@ -17,6 +17,7 @@ from tests.programs import load_module, load_script
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "diagnostics" / "scripts" / "xid_catalog.json"
 SOURCE = ROOT / "tests" / "fixtures" / "xid" / "catalog.json"
+DECODE = ROOT / "tests" / "fixtures" / "xid" / "nvlink5-decode.json"
 MAKER = ROOT / "tests" / "fixtures" / "xid" / "make_xid_catalog.py"
 
 xid = load_script("xid.py", "mldiag_test_xid_catalog")
@@ -26,17 +27,21 @@ def source():
     return json.loads(SOURCE.read_text(encoding="utf-8"))
 
 
+def decode():
+    return json.loads(DECODE.read_text(encoding="utf-8"))
+
+
 def shipped():
     return xid.load_catalog(str(SHIPPED))
 
 
 def test_the_shipped_catalog_is_what_the_maker_makes_and_small():
     maker = load_module(MAKER, "mldiag_test_make_xid_catalog")
-    assert SHIPPED.read_text(encoding="utf-8") == maker.dump(maker.build(source()))
+    assert SHIPPED.read_text(encoding="utf-8") == maker.dump(maker.build(source(), decode()))
     assert SHIPPED.stat().st_size < 40 * 1024
     raw = json.loads(SHIPPED.read_text(encoding="utf-8"))
     assert [s["licence"] for s in raw["sources"]] == ["Apache-2.0", "Apache-2.0 (NOTICE: Copyright 2024 Lepton AI Inc)",
-                                                      "MIT"]
+                                                      "MIT", "Apache-2.0 (NOTICE: Copyright 2024 Lepton AI Inc)"]
 
 
 def test_every_row_keeps_its_source():
@@ -110,3 +115,21 @@ def test_the_three_scripts_agree(tmp_path):
         r = sl.run(argparse.Namespace(path=str(log), lines=100))
         assert [(f["level"], f["code"], f["action"]) for f in r["findings"]] == \
             [("fail", "xid-fatal", row["action"]) if fatal else ("warn", "xid", row["action"])], code
+
+
+def test_the_nvlink5_decode_sheet_rows():
+    """94 rows of NVIDIA's "XID 144-150 Decode" (tests/fixtures/xid/nvlink5-decode.json); the
+    catalog keeps the errorStatus values whose immediate action is RESET_GPU, by unit and by
+    each of a unit's names. Expected sets read off the sheet by hand."""
+    rows = decode()["rows"]
+    assert len(rows) == 94 and {r["xid"] for r in rows} == {144, 145, 146, 147, 148, 149, 150}
+    resets = shipped()["nvlink5_reset"]
+    assert resets[(144, "SAW_MVB")] == {0x2, 0x10}
+    assert resets[(145, "RLW_REMAP")] == {0x40, 0x80}          # 0x1-0x20: XID_154_EVAL
+    assert resets[(145, "RLW_SRC_TRACK")] == {0x1, 0x10, 0x20}
+    assert resets[(146, "TLW_RX")] == resets[(146, "TLW_RX_PIPE0")] == {0x4}
+    assert resets[(149, "NETIR_LINK_EVT")] == resets[(149, "NETIR")] == {0x0}
+    assert resets[(149, "NETIR_MFDE_EVENT")] == {0x1, 0x4, 0x5, 0x7}
+    assert resets[(150, "MSE_WATCHDOG")] == {0x0}
+    assert (145, "RLW_RXPIPE") not in resets and (147, "TREX") not in resets   # IGNORE only
+    assert (149, "NETIR_BER_EVENT") not in resets and (148, "NVLPW") not in resets
