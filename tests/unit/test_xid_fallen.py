@@ -8,6 +8,8 @@ is at 00000000:BA:00.0) and through gpu-status's kernel-log scan.
 The message's lines are the ones NVIDIA NVSentinel's gpufallen tests and GPUd's Match tests
 quote (tests/fixtures/xid/peers/); the PCI ID 10de:2335 is an H200's.
 """
+import json
+
 import pytest
 
 from tests.programs import load_script
@@ -124,3 +126,19 @@ def test_gpu_status_reads_the_same_forms(name):
     (x,) = gs.scan_xids(FORMS[name], INVENTORY)
     assert (x["xid"], x["fatal"], x["action"], x["count"], x["pci"]) == (79, True, "reboot", 1, ["0000:ba:00"])
     assert "0000:ba:00" in x["first"] or "ba:00.0" in x["first"]
+
+
+def test_through_mldiag_on_the_local_target(tool_dir, tmp_path):  # noqa: F811
+    """The whole path: mldiag ships node_check.py with xid.py and its catalog to the target
+    (``local``), and the findings pass the client's validation gate into --json as they are."""
+    from tests.programs import mldiag
+    log = tmp_path / "kern.log"
+    log.write_text(FORMS["one journal entry, embedded newlines"] + FORMS["no PCI domain"].replace("ba:", "18:"),
+                   encoding="utf-8")
+    proc = mldiag("node-check", "-H", "local", "--kernel-log-file", str(log), "--no-dcgm", "--json",
+                  env={"PATH": str(tool_dir)})
+    assert proc.returncode == 2, proc.stderr
+    (result,) = json.loads(proc.stdout)
+    xids = [f for f in result["findings"] if f["check"] == "xid"]
+    assert summary(xids) == [("xid-79", "fail", "reboot", [0, 6])]
+    assert result["status"] == "fail"
