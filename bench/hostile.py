@@ -109,7 +109,7 @@ def main() -> None:
         from tests.lab import Lab
         lab = Lab.start(strict=False)
         try:
-            hosts = lab.hosts_yaml(f"hosts:\n  hostile:\n    address: main\n    python: {HOSTILE}\n")
+            hosts = lab.hosts_yaml(f"hosts:\n  hostile:\n    address: main\n    python: {lab.hostile_dir / 'python'}\n")
             os.environ["MLDIAG_SSH_CONFIG"] = str(lab.ssh_config)
             run_cases("ssh target (the lab's sshd on 127.0.0.2, user mlsh)", cases, str(hosts))
         finally:

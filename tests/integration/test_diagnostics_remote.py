@@ -47,8 +47,8 @@ def codes(doc):
 
 
 def bind(lab, pred, what):
-    """The host path (= the path inside the CT) of one of the lab's extra binds: the lab copies
-    them under its session dir when the checkout is not reachable by its users."""
+    """The host path (= the path inside the CT) of one of the lab's extra binds: those under
+    tests/ are the lab's copies in its session dir (Lab._stage_test_files)."""
     found = [b for b in lab.extra_binds if pred(Path(b))]
     if not found:
         lab.on_unavailable(f"{what} is not bind-mounted into the CT (tests/integration/conftest.py)")

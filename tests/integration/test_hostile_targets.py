@@ -2,10 +2,11 @@
 other target its row.
 
 Targets whose `python:` is tests/fixtures/hostile/python (a fake interpreter that reads the
-payload like the runtime, then answers as its `env:` says) run over the lab's sshd beside
-healthy targets, through the `mldiag` command line with `--save`. Each test asserts that the
-healthy targets' results are intact in the table and in the saved files, that the exit code is
-the worst status, and that nothing is `internal`.
+payload like the runtime, then answers as its `env:` says; the lab's copy in `lab.hostile_dir`,
+which the lab users can run whatever the checkout's path and modes) run over the lab's sshd
+beside healthy targets, through the `mldiag` command line with `--save`. Each test asserts that
+the healthy targets' results are intact in the table and in the saved files, that the exit code
+is the worst status, and that nothing is `internal`.
 """
 
 import json
@@ -23,8 +24,6 @@ import pytest
 from tests import programs
 
 REPO = Path(__file__).resolve().parents[2]
-HOSTILE = REPO / "tests" / "fixtures" / "hostile" / "python"
-NEVER_READS = REPO / "tests" / "fixtures" / "hostile" / "never-reads"
 VENV_PY = "/root/venv/bin/python"
 
 MALFORMED = ["status-list", "doc-list", "finding-str", "error-str", "error-layer", "not-json",
@@ -34,9 +33,11 @@ MALFORMED = ["status-list", "doc-list", "finding-str", "error-str", "error-layer
 mldiag = partial(programs.mldiag, timeout=300)
 
 
-def hostile_host(name: str, mode: str, **env) -> str:
+def hostile_host(lab, name: str, mode: str, **env) -> str:
+    """A hosts.yaml entry: user mlsh on `main`, its interpreter the hostile fake in `mode`."""
     values = ", ".join(f"{k}: \"{v}\"" for k, v in {"HOSTILE_MODE": mode, **env}.items())
-    return f"  {name}:\n    address: main\n    python: {HOSTILE}\n    env: {{{values}}}\n"
+    return (f"  {name}:\n    address: main\n    python: {lab.hostile_dir / 'python'}\n"
+            f"    env: {{{values}}}\n")
 
 
 def saved(directory: Path) -> dict:
@@ -56,10 +57,10 @@ def test_malformed_frames_floods_and_marker_floods_are_rows_of_their_own(lab, tm
     20,000 frame-begin markers (item 7): healthy targets beside them report in full."""
     text = "hosts:\n  good-a: {address: main}\n  good-ct:\n    address: main\n    become: sudo\n" \
            f"    containers:\n      good-b: {{runtime: pct, id: \"200\", python: {VENV_PY}}}\n"
-    text += "".join(hostile_host(f"bad-{mode}", mode) for mode in MALFORMED)
-    text += hostile_host("flood-out", "stdout-flood", HOSTILE_BYTES=10**9)
-    text += hostile_host("flood-err", "stderr-flood", HOSTILE_BYTES=10**9)
-    text += hostile_host("markers", "marker-flood", HOSTILE_COUNT=20000)
+    text += "".join(hostile_host(lab, f"bad-{mode}", mode) for mode in MALFORMED)
+    text += hostile_host(lab, "flood-out", "stdout-flood", HOSTILE_BYTES=10**9)
+    text += hostile_host(lab, "flood-err", "stderr-flood", HOSTILE_BYTES=10**9)
+    text += hostile_host(lab, "markers", "marker-flood", HOSTILE_COUNT=20000)
     hosts = lab.hosts_yaml(text)
     save = tmp_path / "save"
     names = ["good-a", "good-b", "flood-out", "flood-err", "markers"] + [f"bad-{m}" for m in MALFORMED]
@@ -94,7 +95,8 @@ def test_the_client_stays_bounded_under_a_gigabyte(lab, tmp_path):
     NOTE: peak RSS is VmHWM of the probe's own memory map. ru_maxrss would not do: Linux keeps
     it across execve, and Python starts a child with vfork, so a probe started by a pytest
     process that has loaded torch (test_diagnostics_remote) reports that process's 400 MB."""
-    hosts = lab.hosts_yaml("hosts:\n" + hostile_host("flood", "stderr-flood", HOSTILE_BYTES=10**9))
+    hosts = lab.hosts_yaml("hosts:\n"
+                           + hostile_host(lab, "flood", "stderr-flood", HOSTILE_BYTES=10**9))
     probe = textwrap.dedent(f"""\
         import json, re
         from diagnostics import bundle, runner, topology
@@ -117,12 +119,13 @@ def test_a_large_put_to_a_target_that_never_reads_ends_at_the_deadline(lab, tmp_
     """Item 11: 32 MB of --put (far past the SSH window) to a command that never reads stdin:
     a `timeout` row after --timeout plus the client's grace, not a hang; others unharmed."""
     from diagnostics.runner import CLIENT_GRACE_S
+    never_reads = lab.hostile_dir / "never-reads"
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(32 * 2**20))
     script = tmp_path / "probe.py"
     script.write_text("import os\nprint(os.path.getsize('big.bin'))\n")
     hosts = lab.hosts_yaml(f"hosts:\n  good: {{address: main}}\n"
-                           f"  deaf:\n    address: main\n    python: {NEVER_READS}\n")
+                           f"  deaf:\n    address: main\n    python: {never_reads}\n")
     save = tmp_path / "save"
     started = time.monotonic()
     r = mldiag("run-script", str(script), "--put", str(big), "-H", "good,deaf",
@@ -135,9 +138,9 @@ def test_a_large_put_to_a_target_that_never_reads_ends_at_the_deadline(lab, tmp_
     assert elapsed < 3 + CLIENT_GRACE_S + 20, elapsed
     # the session ended with the run: nothing of it is left on the host
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _processes_running(str(NEVER_READS)):
+    while time.monotonic() < deadline and _processes_running(str(never_reads)):
         time.sleep(0.2)
-    assert not _processes_running(str(NEVER_READS))
+    assert not _processes_running(str(never_reads))
 
 
 def _processes_running(marker: str) -> list:

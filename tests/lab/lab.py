@@ -20,10 +20,11 @@ from typing import Callable, Dict, List, Optional
 from . import lxc, netns, nodecheck, rootfs, sshd, slurm, users
 from .podman import Podman
 from .util import (LabError, LabUnavailable, all_pids, cmdline, descendants, environ_has,
-                   free_port, kill_all, missing_programs, ns_of, run, state_of)
+                   free_port, kill_all, missing_programs, ns_of, run, state_of, world_readable)
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fakes"
+FIXTURES = REPO / "tests" / "fixtures"
 PCT_CONF = Path("/etc/mldiag-lab/pct.conf")
 SESSION_ENV = "MLDIAG_LAB_SESSION"  # set in every lab ssh session (and kept by sudo): finds strays
 PCT_ENV = "MLDIAG_PCT_LXCPATH"      # the session's LXC path, for tests/fakes/pct
@@ -100,20 +101,24 @@ class Lab:
       slurm_stop_node(n, sig=SIGSTOP)  hang (SIGSTOP) or kill (SIGKILL) node n's slurmd;
       slurm_start_node(n)              undo it, return when n is usable again (idle, mix, alloc).
       slurm_tmp(n) sorted entries of /tmp on node n (slurm.node_tmp_dir(n) is that dir here).
-    Files
+    Files (the lab's copies under dir/repo, readable by every lab user: see _stage_test_files;
+    a test names these, never a path inside the checkout, for anything a lab user or a CT reads)
       fakes_dir    tests/fakes (pct, nvidia-smi): first on every PATH; bind-mounted read-only at
                    the same path in the containers, with tests/fixtures (extra_binds: the fake
                    nvidia-smi's captures); /usr/bin/nvidia-smi there links to its nvidia-smi.
+      fixtures_dir tests/fixtures (beside fakes_dir, where the fakes look for their captures).
+      hostile_dir  tests/fixtures/hostile: the fake interpreters of the hostile-target tests.
       dir, sid, startup_s, timings.
     """
 
     def __init__(self, root: Path, fakes_dir: Path = FAKES, extra_binds: Optional[List[Path]] = None,
-                 strict: bool = True):
+                 strict: bool = True, fixtures_dir: Path = FIXTURES):
         self.root = Path(root)
         self.sid = secrets.token_hex(3)
-        self.fakes_dir = Path(fakes_dir)
+        self.fakes_dir = Path(fakes_dir)      # the checkout's until _stage_test_files copies it
+        self.fixtures_dir = Path(fixtures_dir)
         if extra_binds is None:  # the fake nvidia-smi reads its captures from tests/fixtures
-            extra_binds = [REPO / "tests" / "fixtures"]
+            extra_binds = [FIXTURES]
         self.extra_binds = [Path(p) for p in extra_binds if Path(p).is_dir()]
         self.strict = strict
         self.unavailable: Dict[str, str] = {}
@@ -169,6 +174,12 @@ class Lab:
         return self.dir / "home"
 
     @property
+    def hostile_dir(self) -> Path:
+        """The lab's copy of tests/fixtures/hostile (fake interpreters a target's `python:`
+        names), runnable by every lab user."""
+        return self.fixtures_dir / "hostile"
+
+    @property
     def path(self) -> str:
         return f"{self.fakes_dir}:/usr/local/bin:/usr/bin:/bin"
 
@@ -196,7 +207,7 @@ class Lab:
     @classmethod
     def start(cls, root: Optional[Path] = None, **kw) -> "Lab":
         """Build and start the lab; on failure tear down what was started and re-raise."""
-        root = Path(root or f"/tmp/mldiag-lab-{os.getuid()}")
+        root = Path(root or default_root())
         lab = cls(root, **kw)
         try:
             lab._start()
@@ -233,7 +244,7 @@ class Lab:
         self._step("reap_stale", reap_stale_sessions, self.root)
         self.dir.mkdir(mode=0o755)
         self._write_state()
-        self.fakes_dir = self._reachable_fakes()
+        self._step("stage", self._stage_test_files)
         self._step("users", users.ensure_users)
         self._step("keys", self._make_keys)
         if "netns" not in self.unavailable:
@@ -300,31 +311,40 @@ class Lab:
             if part in self.unavailable:
                 self.on_unavailable(f"lab part {part!r} unavailable: {self.unavailable[part]}")
 
-    def _reachable_fakes(self) -> Path:
-        """The fakes dir, or a copy under the lab dir when the lab users cannot reach it
-        (a checkout under /root: every directory above it needs o+x) or the Slurm nodes
-        cannot (a checkout under /tmp: each node has a private /tmp where only the lab dir
-        is bound back). The copy keeps the layout (tests/fakes beside tests/fixtures), where
-        the fake nvidia-smi looks."""
-        p = self.fakes_dir
-        under_tmp = Path("/tmp") in p.resolve().parents
-        if not under_tmp and all(os.stat(d).st_mode & 0o001 for d in [p, *p.parents]):
-            return p
+    def _stage_test_files(self) -> None:
+        """Copy the checkout's files that the lab's other users and its containers read into
+        the lab dir, world-readable, and point fakes_dir, fixtures_dir, hostile_dir and the
+        extra binds under tests/ at the copies.
 
+        Always, whatever the checkout's modes: a clone in a private directory (a home dir of mode
+        0700) is out of reach of the lab users (mlsh runs tests/fixtures/hostile/python), a
+        checkout under /tmp is out of reach of the Slurm nodes (each has a private /tmp where only
+        the lab dir is bound back), files a umask of 077 wrote are unreadable even where every
+        directory above is searchable, and a path with a space cannot be an LXC mount entry or a
+        hosts.yaml `python:`. One copy of ~5 MB (tens of ms) covers every case with one layout.
+        Whole directories are copied (never a list of files), so a fixture added later travels
+        too; the layout is kept (tests/fakes beside tests/fixtures), where the fakes look."""
         def copy_of(src: Path) -> Path:
             try:
                 dest = self.dir / "repo" / src.relative_to(REPO)
             except ValueError:
                 dest = self.dir / "binds" / src.relative_to(src.anchor)
-            shutil.copytree(src, dest, symlinks=True)
+            if not dest.exists():
+                shutil.copytree(src, dest, symlinks=True)
+                world_readable(dest)
+                for d in dest.parents:  # made by copytree, under this process's umask
+                    if d == self.dir:
+                        break
+                    os.chmod(d, 0o755)
             return dest
 
-        # Only the test data the lab users read on the host (fixtures beside the fakes) is
-        # copied; other binds (e.g. a venv's site-packages) are read inside the CTs by root.
         tests_dir = REPO / "tests"
+        self.fixtures_dir = copy_of(self.fixtures_dir)
+        self.fakes_dir = copy_of(self.fakes_dir)
+        # Binds under tests/ are read on the host too (the lab users read the fixtures beside the
+        # fakes); other binds (e.g. a venv's site-packages) are read inside the CTs by root.
         self.extra_binds = [copy_of(b) if tests_dir in [b, *b.parents] else b
                             for b in self.extra_binds]
-        return copy_of(p)
 
     def _make_keys(self) -> None:
         (self.dir / "client").mkdir(mode=0o700)
@@ -428,12 +448,13 @@ class Lab:
             if self._node_cts is None:
                 t = time.monotonic()
                 try:
-                    nodes = nodecheck.build(self.dir / "nodecheck", self.fakes_dir)
+                    nodes = nodecheck.build(self.dir / "nodecheck", self.fixtures_dir)
                 except LabUnavailable as e:  # a recording missing: skip, or fail under CI
                     self.on_unavailable(f"node-check CTs: {e}")
                     raise
                 for node in nodes.values():
-                    nodecheck.define(self.lxc_path, self.rootfs, self._binds(), self.fakes_dir, node)
+                    nodecheck.define(self.lxc_path, self.rootfs, self._binds(), self.fakes_dir,
+                                     self.fixtures_dir, node)
                 self._extra_vmids = list(nodes)
                 self._write_state()
                 for vmid in nodes:
@@ -696,7 +717,17 @@ def _umount_below(d: Path) -> None:
         run(["umount", "-l", m], check=False)
 
 
-def _live_sessions(root: Path, but: Path) -> List[Path]:
+def default_root() -> Path:
+    """Where Lab.start puts its session dirs unless told otherwise."""
+    return Path(f"/tmp/mldiag-lab-{os.getuid()}")
+
+
+def running_labs(root: Optional[Path] = None) -> List[Path]:
+    """The session dirs of the labs running now under `root` (their owner process alive)."""
+    return _live_sessions(Path(root or default_root()), but=None)
+
+
+def _live_sessions(root: Path, but: Optional[Path]) -> List[Path]:
     out = []
     for state_file in root.glob("session-*/state.json"):
         if state_file.parent == but:

@@ -39,14 +39,15 @@ from typing import Dict, List, Optional, Tuple
 from . import lxc
 from .util import LabError
 
-REPO = Path(__file__).resolve().parents[2]
 HEALTHY, FAULTY = 210, 211
 LOG_DIR = "/var/log/mldiag-lab"
 
+# Both under a tests/fixtures dir: the lab's copy (Lab.fixtures_dir), which LXC can bind and
+# every user read whatever the checkout's path and modes.
 # The recorded /sys/class/infiniband tree (tests/fixtures/infiniband/README.md names its source).
-IB_TREE = REPO / "tests" / "fixtures" / "infiniband" / "sys-class-infiniband-h100"
+IB_TREE = Path("infiniband") / "sys-class-infiniband-h100"
 # Saved kernel logs (real, unchanged; tests/fixtures/xid/README.md).
-KLOG_DIR = REPO / "tests" / "fixtures" / "xid"
+KLOG_DIR = Path("xid")
 KLOGS = {
     "healthy": "gpud-dmesg.decode.iso.log.1",              # 8x H100 HGX boot, no Xid
     "xid79": "gpud-sxid-README.xid79-sxid20034.excerpt.md",  # Xid 79 + SXid 20034 (Markdown quote)
@@ -124,10 +125,11 @@ def write_pci_tree(dest: Path, devices: List[PciDevice]) -> Path:
     return dest
 
 
-def ib_tree() -> Path:
-    if (IB_TREE / "mlx5_0" / "ports" / "1" / "state").is_file():
-        return IB_TREE
-    raise LabError(f"the recorded /sys/class/infiniband tree is missing: {IB_TREE}")
+def ib_tree(fixtures: Path) -> Path:
+    tree = fixtures / IB_TREE
+    if (tree / "mlx5_0" / "ports" / "1" / "state").is_file():
+        return tree
+    raise LabError(f"the recorded /sys/class/infiniband tree is missing: {tree}")
 
 
 # (device, port) -> {attribute: new text}: the faults of the faulty CT's IB tree
@@ -164,10 +166,11 @@ def _read_only(root: Path) -> None:
             os.chmod(os.path.join(d, f), 0o444)
 
 
-def find_klog(name: str) -> Path:
-    if (KLOG_DIR / name).is_file():
-        return KLOG_DIR / name
-    raise LabError(f"the saved kernel log is missing: {KLOG_DIR / name}")
+def find_klog(fixtures: Path, name: str) -> Path:
+    log = fixtures / KLOG_DIR / name
+    if log.is_file():
+        return log
+    raise LabError(f"the saved kernel log is missing: {log}")
 
 
 # The faulty CT's GPUs, as a derived capture of the fake nvidia-smi (tests/fakes/nvidia-smi,
@@ -213,10 +216,11 @@ def sysfs_mounts(ib: Path, pci: Path) -> List[str]:
     ]
 
 
-def build(work: Path, fakes_dir: Path) -> Dict[int, NodeCT]:
-    """Make the sysfs trees under `work` and describe the two CTs."""
+def build(work: Path, fixtures: Path) -> Dict[int, NodeCT]:
+    """Make the sysfs trees under `work` from the recordings in `fixtures` (a tests/fixtures
+    dir) and describe the two CTs."""
     work.mkdir(parents=True, exist_ok=True)
-    real_ib = ib_tree()
+    real_ib = ib_tree(fixtures)
     capture = FAULTY_CAPTURE_TEXT + FAULTY_GPU_FAULTS
     return {
         HEALTHY: NodeCT(HEALTHY, "h200-ok", real_ib, write_pci_tree(work / "pci-healthy", h200_hgx()),
@@ -227,14 +231,15 @@ def build(work: Path, fakes_dir: Path) -> Dict[int, NodeCT]:
     }
 
 
-def define(lxc_path: Path, base: Path, binds: List[Path], fakes_dir: Path, node: NodeCT) -> None:
+def define(lxc_path: Path, base: Path, binds: List[Path], fakes_dir: Path, fixtures: Path,
+           node: NodeCT) -> None:
     links = {f"/usr/bin/{tool}": str(fakes_dir / tool) for tool in node.tools}
     d = lxc.define(lxc_path, node.vmid, base, binds, links, extra_lines=sysfs_mounts(node.ib_tree, node.pci_tree),
                    hostname=node.name)
     logs = d / "delta" / LOG_DIR.lstrip("/")
     logs.mkdir(parents=True, exist_ok=True)
     for name in KLOGS.values():
-        shutil.copyfile(find_klog(name), logs / name)
+        shutil.copyfile(find_klog(fixtures, name), logs / name)
     os.symlink(KLOGS[node.kernel_log], logs / "kernel.log")
     if node.capture:
         captures = d / "delta" / CAPTURE_DIR.lstrip("/")
