@@ -285,6 +285,7 @@ def parse_kernel_log(text):
     last_xid = None                  # the Xid event the following NVRM lines belong to
     last_79 = {}                     # pci key -> line number of its last Xid 79
     derived_79 = {}                  # pci key -> its last event made from "fallen off the bus"
+    superseded = set()               # id() of derived events an Xid 79 line after them replaced
     sxid_head = {}                   # (device, sxid) -> its last head event
     the_gpu = None                   # "The NVIDIA GPU ..." waiting for its "fallen off the bus"
 
@@ -324,7 +325,7 @@ def parse_kernel_log(text):
                 early = derived_79.pop(key, None)
                 if early is not None and n - early["line"] <= FELL_OFF_WINDOW:
                     # the driver's words came first (NVSentinel's gpufallen tests): one event
-                    events.remove(early)
+                    superseded.add(id(early))
                     ev["detail_lines"] += 1 + early["detail_lines"]
                 last_79[key] = n
             events.append(ev)
@@ -369,6 +370,8 @@ def parse_kernel_log(text):
             continue
         if last_xid is not None and "NVRM:" in msg and when == last_xid["time"]:
             last_xid["detail_lines"] += 1      # the GSP RPC dump, serial numbers, ...
+    if superseded:
+        events = [e for e in events if id(e) not in superseded]
     events.sort(key=lambda e: e["line"])      # a multi-line message counts at its first line
     return events
 

@@ -142,3 +142,21 @@ def test_through_mldiag_on_the_local_target(tool_dir, tmp_path):  # noqa: F811
     xids = [f for f in result["findings"] if f["check"] == "xid"]
     assert summary(xids) == [("xid-79", "fail", "reboot", [0, 6])]
     assert result["status"] == "fail"
+
+
+def test_a_log_of_such_pairs_parses_in_linear_time():
+    """A hostile (or sick) log of message-then-Xid-79 pairs: each pair folds into one event in
+    constant time (a list removal per pair was quadratic: 10 s for 30,000 pairs)."""
+    import time
+
+    def seconds(pairs):
+        text = "".join("NVRM: The NVIDIA GPU 0000:%02x:00.0\n%s\nNVRM: Xid (PCI:0000:%02x:00): 79, x\n"
+                       % (i % 256, PIECES[2], i % 256) for i in range(pairs))
+        best = None
+        for _ in range(2):
+            t0 = time.perf_counter()
+            assert len(xid.parse_kernel_log(text)) == pairs
+            best = min(best or 1e9, time.perf_counter() - t0)
+        return best
+
+    assert seconds(20000) / seconds(5000) < 10          # linear: about 4; quadratic: about 16
