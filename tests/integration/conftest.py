@@ -31,10 +31,17 @@ def lab_unavailable(reason: str) -> None:
     pytest.skip(f"test lab unavailable: {reason}")
 
 
+# Runs before every other test: it starts a lab of its own, and the session's starts with the
+# first test that uses it (test_private_clone.py says why two labs must not overlap).
+ALONE_FIRST = "test_private_clone.py"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    first = [item for item in items if Path(str(item.fspath)).name == ALONE_FIRST]
+    items[:] = first + [item for item in items if item not in first]
 
 
 # Base-system libraries torch's wheel links (libstdc++6, libgcc-s1 and glibc's compat stubs):
@@ -77,8 +84,8 @@ def _ml_binds() -> list:
             except OSError:  # another session made it meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
         binds.append(lib_dir)
-    # read inside the CT by root, so never copied even when the checkout is not
-    # world-traversable (the lab copies only binds under tests/)
+    # read inside the CT by root, so never copied (the lab copies only binds under tests/, which
+    # its users read too: Lab._stage_test_files)
     for name in ("torch", "transformers"):
         spec = importlib.util.find_spec(name)
         if spec and spec.origin:

@@ -364,8 +364,9 @@ class Lab:
         self._write_state()
 
     def _install_globals(self) -> None:
-        # NOTE: the same text for every session (per-session values travel in SetEnv), so
-        # two sessions on one machine do not disturb each other.
+        # NOTE: per-session values travel in SetEnv, but secure_path names this session's copy
+        # of tests/fakes: a second lab on the machine would point sudo at its own copy, gone
+        # when it closes. One lab at a time (docs/testing.md; the suite's lab lock).
         users.install_sudoers(users.sudoers_text(self.users.values(), self.secure_path, SESSION_VARS))
         PCT_CONF.parent.mkdir(parents=True, exist_ok=True)
         PCT_CONF.write_text(f"# written by the mldiag test lab, session {self.dir}\n"
