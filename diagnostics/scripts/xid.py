@@ -405,18 +405,18 @@ def event_action(ev, catalog=None):
 def nvlink5_action(ev, catalog, low):
     """Xid 144-150 (see "NVLink5 Xids" above): reset-gpu when the line says Fatal or NVIDIA's
     decode sheet resets the GPU for its unit and errorStatus, else monitor; a line without the
-    decode fields: the catalog's action, monitor where it says Nonfatal."""
-    nv = ev.get("nvlink")
+    decode fields: the catalog's action, monitor where it says Nonfatal. An event without
+    ``nvlink`` (scan-log passes its line alone) has its text read for the fields."""
+    nv = ev.get("nvlink") or _nvlink5_fields(ev.get("text"))
     if nv is None:
         return "monitor" if re.search(r"\bnon-?fatal\b", low) else xid_info(ev["code"], catalog)["action"]
-    return "reset-gpu" if nv["severity"] == "fatal" or _sheet_resets(ev, catalog) else "monitor"
+    return "reset-gpu" if nv["severity"] == "fatal" or _sheet_resets(ev["code"], nv, catalog) else "monitor"
 
 
-def _sheet_resets(ev, catalog):
-    """Whether NVIDIA's decode sheet resets the GPU for this NVLink5 event's unit and errorStatus."""
-    nv = ev.get("nvlink")
+def _sheet_resets(code, nv, catalog):
+    """Whether NVIDIA's decode sheet resets the GPU for an NVLink5 Xid's unit and errorStatus."""
     resets = catalog.get("nvlink5_reset") or {}
-    return bool(nv) and nv["err_status"] in resets.get((ev["code"], nv["unit"]), ())
+    return nv["err_status"] in resets.get((code, nv["unit"]), ())
 
 
 def _where_gpus(counts, names):
@@ -487,7 +487,7 @@ def classify(events, gpus=None, catalog=None):
                 msg += "; from the driver's \"fallen off the bus\" message (no Xid line)"
             # a Nonfatal line the decode sheet resets the GPU for: say why it is a fail
             sheet = [e["nvlink"] for e in evs if action == "reset-gpu" and e.get("nvlink")
-                     and e["nvlink"]["severity"] != "fatal" and _sheet_resets(e, catalog)]
+                     and e["nvlink"]["severity"] != "fatal" and _sheet_resets(code, e["nvlink"], catalog)]
             if sheet:
                 msg += "; NVIDIA's XID 144-150 Decode resets the GPU for %s errorStatus 0x%08x" % (
                     sheet[0]["unit"], sheet[0]["err_status"])

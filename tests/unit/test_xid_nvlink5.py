@@ -97,3 +97,12 @@ def test_an_xid_the_catalog_does_not_know_is_a_warning_that_says_so():
     assert f["hint"] == xid.UNKNOWN_XID_HINT and "newer than mldiag's Xid catalog" in f["hint"]
     assert xid.UNKNOWN_XID_ACTION == "monitor"
     assert one("[ 5.0] NVRM: Xid (PCI:0000:18:00): 63, row remap")["hint"] == xid.HINTS["monitor"]
+
+
+def test_scan_log_grades_nvlink5_the_same(tmp_path):
+    """scan-log hands xid.py one line at a time (event_action on the line's text)."""
+    sl = load_script("scan_log.py", "mldiag_test_xid_nvlink5_scan_log")
+    buckets = sl.classify([REMAP_0X40, BER_NONFATAL, NETIR_FATAL])
+    graded = dict((kind, [(e["xid"], e["action"]) for e in buckets[kind].entries()])
+                  for kind in ("xid-fatal", "xid"))
+    assert graded == {"xid-fatal": [(145, "reset-gpu"), (149, "reset-gpu")], "xid": [(149, "monitor")]}
