@@ -14,8 +14,8 @@ again whenever any of them changes:
   machine's name (``%L``, ``%l``) and the value of every ``${VAR}`` a config names;
 - never kept: a config with ``Match exec``, ``localnetwork``, ``canonical`` or ``final``,
   or ``CanonicalizeHostname`` on (answered through DNS), in any of its files, however the
-  line is spelled (``Match exec=cmd``, quotes, tabs, any case); an unreadable file, an ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed
-  ``ssh -G``.
+  line is spelled (``Match exec=cmd``, quotes, tabs, any case); an unreadable file, an
+  ``Include`` deeper than ssh's own limit or more than MAX_FILES files; a failed ``ssh -G``.
 
 Where: ``<dir>/sshg-<digest>.json`` in the user's private directory (``held.private_dir``: the
 user's own, 0700, not a link), written 0600 through ``SaveDir`` (a temp file and a rename),
@@ -24,9 +24,11 @@ that directory as it is when read (its owner and mode checked again on the open 
 most MAX_BYTES long. A file is believed only when it names the state it is the answers of (a
 file renamed from another state's name is not) and its checksum matches its answers (one edited
 or cut short outside mldiag is not), and each answer has the form of ``ssh -G`` output; any other
-file is ignored, which costs one ``ssh -G``. The answers of the KEEP_STATES most recent states are kept.
-``$MLDIAG_SSH_G_CACHE=0`` turns this off. What the file says decides where mldiag connects (a ProxyCommand too): it is
-exactly as trusted as the user's own ssh_config, which only the user can change.
+file is ignored, which costs one ``ssh -G``. The answers of the KEEP_STATES most recent states
+are kept.
+``$MLDIAG_SSH_G_CACHE=0`` turns this off. What the file says decides where mldiag connects (a
+ProxyCommand too): it is exactly as trusted as the user's own ssh_config, which only the user
+can change.
 """
 
 import glob
