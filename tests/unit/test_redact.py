@@ -123,7 +123,71 @@ SECRETS = [
     (f"session {SLACK.replace('xoxb-', 'xoxs-')}", SLACK[5:]),
     ("DOCKER_CREDENTIAL=abcd1234wxyz", "abcd1234wxyz"),
     ("token is s3cr3t-value here", "s3cr3t-value"),                          # (a known secret)
+    ("auth: api_key: abcdef123", "abcdef123"),                           # nested YAML, one line
 ]
+
+# Issue 29: shapes that passed unmasked. Each is also tested alone and inside a longer text
+# (SHAPES_IN_CONTEXT), and printed by a script through the real lab
+# (tests/integration/test_redaction_remote.py).
+DOCKER_AUTH = "YWxpY2U6" + "cjNnaXN0cnktcDRzcw=="          # base64("alice:r3gistry-p4ss")
+SAS_SIG = "Zm9vYmFy" + "MTIzNDU2Nzg5MA%3D%3D"
+SIGV4 = "5d672d79c15b13162d9279b0855cfba6" + "789a8edb4c82c400e06b5924a6f2b5d7"
+SLACK_HOOK_SECRET = "Xq3bZ9kP2mLw" + "8vR4tYh6nJc1"
+KEY_ID = "a1b2c3d4e5f6a7b8c9d0" + "e1f2a3b4c5d6e7f8a9b0"
+ISSUE_29_SHAPES = [
+    ("machine api.example.com login alice password n3trc-Pw0rd", "n3trc-Pw0rd"),     # .netrc
+    ("machine api.example.com\n  login alice\n  password n3trc-Pw0rd", "n3trc-Pw0rd"),
+    ("machine api.example.com\nlogin alice\npassword hunterhunter", "hunterhunter"),
+    ("default login alice password n3trc-Pw0rd", "n3trc-Pw0rd"),
+    ("machine h password n3trc-Pw0rd login alice", "n3trc-Pw0rd"),
+    ("Cookie: sessionid=s3ss10nV4lue; csrftoken=csrfV4lue99", "s3ss10nV4lue"),
+    ("cookie: csrftoken=csrfV4lue99; sessionid=s3ss10nV4lue", "s3ss10nV4lue"),
+    ("Set-Cookie: session=s3ss10nV4lue; Path=/; HttpOnly", "s3ss10nV4lue"),
+    ("headers = {'Cookie': 'sid=s3ss10nV4lue'}", "s3ss10nV4lue"),
+    ('> cookie: _ga=GA1.2.3; sid=s3ss10nV4lue', "s3ss10nV4lue"),                      # curl -v
+    ('{"auths": {"registry.example.com": {"auth": "%s"}}}' % DOCKER_AUTH, DOCKER_AUTH),
+    ("{'auths': {'registry.example.com': {'auth': '%s'}}}" % DOCKER_AUTH, DOCKER_AUTH),
+    ('curl -H "X-Api-Key: ak-7f3e9c2b1d" https://api.example.com', "ak-7f3e9c2b1d"),
+    ("requests: headers X-Auth-Token: tok7f3e9c2b1d", "tok7f3e9c2b1d"),
+    ("> X-Vault-Token: hvs.CAESIJ7f3e9c2b1d", "hvs.CAESIJ7f3e9c2b1d"),
+    ("sent Private-Token: glt7f3e9c2b1d4a", "glt7f3e9c2b1d4a"),                      # GitLab
+    ("mysql -h db -u root -pMyPa55word training", "MyPa55word"),
+    ("mysqldump -uroot -pMyPa55word --all-databases", "MyPa55word"),
+    ("sshpass -p MyPa55word ssh user@host", "MyPa55word"),
+    ("sshpass -pMyPa55word scp x host:", "MyPa55word"),
+    ("curl -u alice:MyPa55word https://x", "MyPa55word"),
+    ("curl -s --user alice:MyPa55word https://x", "MyPa55word"),
+    ("curl -sS -ualice:MyPa55word https://x", "MyPa55word"),
+    ("db:\n  password: hunterhunter", "hunterhunter"),                                # YAML
+    ("                      password: hunterhunter", "hunterhunter"),               # deep YAML
+    ("https://acct.blob.core.windows.net/c/b?sv=2022-11-02&se=2026-12-05&sp=r&sig=" + SAS_SIG,
+     SAS_SIG),
+    ("AccountName=acct;AccountKey=" + SAS_SIG + ";EndpointSuffix=core.windows.net", SAS_SIG),
+    ("Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261204/us-east-1/s3/aws4_request, "
+     "SignedHeaders=host;x-amz-date, Signature=" + SIGV4, SIGV4),
+    ("GET /b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=" + SIGV4, SIGV4),
+    ("https://hooks.slack.com/services/T0123ABCD/B0123ABCD/" + SLACK_HOOK_SECRET, SLACK_HOOK_SECRET),
+    ('"private_key_id": "%s",' % KEY_ID, KEY_ID),                          # GCP service account
+    ("2026-12-04 10:00:01 INFO config password: MyPa55word", "MyPa55word"),
+    ("[INFO] api_key: ak7f3e9c2b1d", "ak7f3e9c2b1d"),
+    ("using token: tok-7f3e9c2b1d", "tok-7f3e9c2b1d"),
+    ("ERROR login failed, password: hunterhunter", "hunterhunter"),         # letters only
+    ("WANDB_API_KEY=abc", "abc"),                                           # short, env var
+    ("HF_TOKEN=x", "=x"),
+    ("private_key: |\n  MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n  BKcwggSjAgEAAoIBAQC7\nnext: 1",
+     "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+    ("private_key: |-\n  MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n  BKcwggSjAgEAAoIBAQC7\nnext: 1",
+     "BKcwggSjAgEAAoIBAQC7"),
+    ("tls:\n  key: >-\n    c2VjcmV0LWtleS1ib2R5\n\n    bW9yZQ==\n  cert: x", "bW9yZQ=="),
+    ("KEY=-----BEGIN PRIVATE KEY----- MIIEvQIBADANBgkqhkiG9w0BAQEF AASCBKcwggSjAgEAAoIBAQC7 "
+     "-----END PRIVATE KEY-----", "AASCBKcwggSjAgEAAoIBAQC7"),               # echo $KEY
+    ('{"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEF\\n'
+     '-----END PRIVATE KEY-----\\n"}', "MIIEvQIBADANBgkqhkiG9w0BAQEF"),      # JSON, \n escaped
+    ("-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,3F17F5316E2BAC89"
+     "\n\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+     "-----END RSA PRIVATE KEY-----", "3F17F5316E2BAC89"),
+]
+SECRETS += ISSUE_29_SHAPES
 
 # (text): must come back exactly as it was
 NEAR_MISSES = [
@@ -164,7 +228,6 @@ NEAR_MISSES = [
     "pip install scikit-learn sk-video",
     "MONKEY=patch KEYBOARD=us",
     "error: key: value pairs expected",
-    "auth: api_key: abcdef123",
     "token_count=1024",
     "keys=['a', 'b']",
     "Bearer authentication is configured",
@@ -190,6 +253,35 @@ NEAR_MISSES = [
     "{'ask_password': 'no'}",
     "HF_HUB_DISABLE_IMPLICIT_TOKEN=1",
     "--disk-cache-directory-for-the-models /x",
+    # issue 29: near-misses from training logs, next to the shapes it masks
+    "max_new_tokens=256",
+    "[INFO] max_new_tokens: 256",
+    "token_type_ids: tensor([[0, 0]])",
+    "tokenizer: Qwen2Tokenizer",
+    "[INFO] tokenizer: Qwen2Tokenizer(name_or_path='Qwen/Qwen2-7B')",
+    "--auth-none",
+    "auth: none",
+    "use_auth: true",
+    "NCCL_IB_HCA=mlx5_0",
+    "KeyError: 'password'",
+    "ValueError: invalid token: expected three parts",
+    "RuntimeError: Missing key: model.layers.0.self_attn.q_proj.weight",
+    "error: sort key: val_loss",
+    "signature_version='s3v4'",
+    "mkdir -p /tmp/run-1 && curl -sSfL https://example.org/x -o x",
+    "docker run -u 1000:1000 img",
+    "pip install -U torch && curl -u",
+    "mysql -p training",
+    "the password is required",
+    "password expired",
+    "Set-Cookie: Path=/; HttpOnly",
+    "Cookie:",
+    "hooks.slack.com/services",
+    "key: |",
+    "comment: |\n  free text\nnext: 1",
+    "-----BEGIN RSA PUBLIC KEY-----\nMIIBCgKCAQEA\n-----END RSA PUBLIC KEY-----",
+    "step 12 loss=1.9 eval_tokens=4096",
+    "Bearer AuthenticationMiddleware installed",
 ]
 
 
@@ -247,6 +339,106 @@ def test_what_stays_readable_around_a_masked_value(text, expected):
     assert redact.redact_text(text) == expected
 
 
+# A traceback and log lines around each shape: they must come back exactly as they were.
+BEFORE = ("2026-12-04 10:00:00 INFO step 10 loss=2.31 num_key_value_heads=8\n"
+          "Traceback (most recent call last):\n  File \"train.py\", line 42, in <module>\n")
+AFTER = ("\nRuntimeError: connect failed\nKeyError: 'password'\n"
+         "2026-12-04 10:00:01 INFO max_tokens=16 tokenizer_path=/models/tok NCCL_IB_HCA=mlx5_0\n")
+
+
+@pytest.mark.parametrize("text, secret", ISSUE_29_SHAPES, ids=[t[:40] for t, _ in ISSUE_29_SHAPES])
+def test_issue_29_shapes_are_masked_inside_a_longer_text(text, secret):
+    out = redact.redact_text(BEFORE + text + AFTER)
+    assert secret not in out and redact.REDACTED in out
+    assert out.startswith(BEFORE) and out.endswith(AFTER)
+
+
+TWELVE_LINES = "".join(f"2026-12-04 10:00:{i:02d} INFO step {i} loss=2.{i} lr=3e-4\n"
+                       for i in range(12))
+
+
+@pytest.mark.parametrize("cut_key", [
+    "-----BEGIN RSA PRIVATE KEY-----",                                  # the BEGIN line alone
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n\n",
+    "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,3F17F5316E2BAC89",
+])
+def test_a_private_key_cut_off_before_its_end_line_costs_only_its_own_lines(cut_key):
+    # issue 29: a BEGIN line with no END line once masked everything after it
+    out = redact.redact_text(f"loading key\n{cut_key}\n{TWELVE_LINES}")
+    assert out == f"loading key\n{redact.REDACTED}\n{TWELVE_LINES}", out
+
+
+def test_a_line_after_a_cut_off_key_is_kept_whole_even_when_it_starts_like_base64():
+    text = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nTraceback (most recent call last):\n2026 done"
+    assert redact.redact_text(text) == "<redacted>\nTraceback (most recent call last):\n2026 done"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("machine h login alice password n3trc-Pw0rd\nmachine g",
+     "machine h login alice password <redacted>\nmachine g"),
+    ("login alice\n  password n3trc-Pw0rd\n", "login alice\n  password <redacted>\n"),
+    ("step 1\npassword n3trc-Pw0rd\n", "step 1\npassword n3trc-Pw0rd\n"),   # no .netrc line before
+    ("Cookie: sessionid=s3ss; csrftoken=c5rf", "Cookie: sessionid=<redacted>; csrftoken=<redacted>"),
+    ("Set-Cookie: sid=s3ss; Path=/; Expires=Wed, 21 Oct 2026 07:28:00 GMT; HttpOnly",
+     "Set-Cookie: sid=<redacted>; Path=/; Expires=Wed, 21 Oct 2026 07:28:00 GMT; HttpOnly"),
+    ("mysql -h db -u root -pMyPa55word training", "mysql -h db -u root -p<redacted> training"),
+    ("sshpass -p MyPa55word ssh -p 2222 host", "sshpass -p <redacted> ssh -p 2222 host"),
+    ("ssh -p 2222 host", "ssh -p 2222 host"),                       # not a password flag there
+    ("curl -u alice:MyPa55word https://x", "curl -u alice:<redacted> https://x"),
+    ("private_key: |\n  MIIEvQIB\n\n  BKcwggSj\nnext: 1", "private_key: |\n  <redacted>\nnext: 1"),
+    ("  token: >-\n    abc\n  user: bob", "  token: >-\n    <redacted>\n  user: bob"),
+    ("token: |\nnext: 1", "token: |\nnext: 1"),                     # an empty block: nothing to mask
+    ("x:\n" + " " * 20 + "private_key: |\n" + " " * 22 + "MIIEvQIB\n" + " " * 20 + "user: bob",
+     "x:\n" + " " * 20 + "private_key: |\n" + " " * 22 + "<redacted>\n" + " " * 20 + "user: bob"),
+    ("x -----BEGIN PRIVATE KEY----- MIIEvQ AASC -----END PRIVATE KEY----- y", "x <redacted> y"),
+    ("https://hooks.slack.com/services/T01/B01/abcdefgh1234 sent",
+     "https://hooks.slack.com/services/T01/B01/<redacted> sent"),
+    ("https://x.blob.core.windows.net/c?sp=r&sig=abcd%2B12&se=1", "https://x.blob.core.windows.net/c?sp=r&sig=<redacted>&se=1"),
+    ("[INFO] api_key: ak7f3e9c2b1d (from env)", "[INFO] api_key: <redacted> (from env)"),
+    ("WANDB_API_KEY=abc", "WANDB_API_KEY=<redacted>"),               # an env var: short is enough
+    ("api_key=abc", "api_key=abc"),                                  # lower case: a flag, maybe
+    ("HF_TOKEN=on", "HF_TOKEN=on"),
+])
+def test_what_stays_readable_around_the_issue_29_shapes(text, expected):
+    assert redact.redact_text(text) == expected
+
+
+# --- section 5 of issue 29: each test below fails with one mutant of redact.py ----------------
+def test_up_to_eight_spaces_or_tabs_around_a_separator_still_pair_a_name_with_its_value():
+    # _SP is [ \t]{0,8}: config files align their columns (mutant: {0,1})
+    assert redact.redact_text("DB_PASSWORD        = s3cretvalue") == "DB_PASSWORD        = <redacted>"
+    assert redact.redact_text("api_key:\t\t'0123456789abcdef'") == "api_key:\t\t'<redacted>'"
+
+
+def test_a_hugging_face_token_is_recognised_from_30_characters_after_its_prefix():
+    # mutant: {30,} -> {31,}
+    at_limit, below = "hf_" + "aB3dE5fG7h" * 3, "hf_" + ("aB3dE5fG7h" * 3)[:29]
+    assert redact.redact_text(f"login {at_limit} ok") == "login <redacted> ok"
+    assert redact.redact_text(f"login {below} ok") == f"login {below} ok"
+
+
+def test_a_one_character_password_in_a_url_is_masked():
+    # mutant: userinfo {1,1024} -> {2,1024}
+    assert redact.redact_text("redis://:x@cache:6379/0") == "redis://:<redacted>@cache:6379/0"
+    assert redact.redact_text("https://u:p@host/x") == "https://u:<redacted>@host/x"
+
+
+def test_the_negotiate_scheme_stays_readable_and_its_token_is_masked():
+    # mutant: negotiate dropped from the schemes (then the scheme is masked and the token stays)
+    token = "YIIBhgYGKwYBBQUCoIIBejCCAXag"
+    assert redact.redact_text(f"Authorization: Negotiate {token}") == \
+        "Authorization: Negotiate <redacted>"
+
+
+def test_a_bearer_word_without_a_digit_is_prose():
+    # the digit lookahead of the bearer rule (mutant: removed): 16+ letters after Bearer are a
+    # name in a log, not a token
+    assert redact.redact_text("Bearer AuthenticationMiddleware installed") == \
+        "Bearer AuthenticationMiddleware installed"
+    assert redact.redact_text("Bearer Authentication1Middleware") == "Bearer <redacted>"
+
+
 @pytest.mark.parametrize("name, secret", [
     ("HF_TOKEN", True), ("DB_PASSWORD", True), ("WANDB_API_KEY", True), ("apikey", True),
     ("aws_secret_access_key", True), ("SSH_PASSPHRASE", True), ("PGPASSWD", True),
@@ -292,7 +484,7 @@ def test_every_token_format_has_a_row_that_needs_it(index, monkeypatch):
 
 
 @pytest.mark.parametrize("index", range(len(redact._SHAPES)),
-                         ids=[needle for needle, *_ in redact._SHAPES])
+                         ids=[needles[0] for needles, *_ in redact._SHAPES])
 def test_every_shape_has_a_row_that_needs_it(index, monkeypatch):
     monkeypatch.setattr(redact, "_SHAPES", redact._SHAPES[:index] + redact._SHAPES[index + 1:])
     assert any(secret in redact.redact_text(text, ["s3cr3t-value"]) for text, secret in SECRETS)
@@ -328,6 +520,12 @@ ADVERSARIAL = {
     "name-colon": "token: ", "quoted-name": "'key':", "flag": "--token ", "newlines": " \n",
     "line-name": "\nkey: ", "jwt": "eyJxxxxxxxx.", "authorization": "Authorization: ",
     "open-quote": "token='", "escapes": 'token="\\', "bearer": "Bearer a1",
+    # issue 29's shapes
+    "netrc": "login x password ", "netrc-line": "\npassword x", "cookie": "Cookie: a=b; ",
+    "cookie-heads": "cookie:", "mysql": "mysql -pa ", "flag-p": "-pa ", "curl": "curl -u a:",
+    "user-flag": "-u a", "block": "key: |\n", "block-body": "key: |\n  a\n", "pem": "-----BEGIN RSA PRIVATE KEY----- ",
+    "pem-lines": "-----BEGIN RSA PRIVATE KEY-----\nAb3\n", "pem-body": "\nAb3+/9Zq ",
+    "slack": "hooks.slack.com/services/T1/", "mid-colon": "x token: y ", "deep-colon": "    key: ",
 }
 
 
@@ -422,6 +620,8 @@ import json
 from diagnostics import redact
 from diagnostics.lean_imports import LazyPattern
 lazy = [p for p in (redact._HEAD, redact._VALUE, redact._NOT_A_SECRET_VALUE, redact._BEARER,
+                    redact._PROSE_VALUE, redact._BLOCK_SCALAR, redact._COOKIE_PAIR,
+                    redact._PASSWORD_COMMAND,
                     *(p for _, p, _ in redact._SHAPES), *(p for _, p in redact._TOKENS))]
 before = sum(p._compiled is not None for p in lazy)
 plain = redact.redact_text("all 8 GPUs healthy, 42 C")
@@ -434,7 +634,7 @@ print(json.dumps({"all_lazy": all(isinstance(p, LazyPattern) for p in lazy), "n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
-    assert found["all_lazy"] and found["n"] == 18
+    assert found["all_lazy"] and found["n"] == 26
     # importing redact compiles nothing, and a text without a needle compiles nothing either
     assert found["before"] == 0 and found["after_plain"] == 0
     assert found["plain"] == "all 8 GPUs healthy, 42 C"
