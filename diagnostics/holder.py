@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import traceback
-from typing import Dict
+from typing import Dict, Optional
 
 from .hops import held
 from .hops.base import TransportError
@@ -153,40 +153,95 @@ def _run(conn: socket.socket, transport: SshTransport, request: dict, payload: b
                                             "lost": out.lost, "dropped": out.dropped}).encode())
 
 
-def _listen(path: str):
-    """The lock that makes this the only holder at ``path``, and its listening socket; None
-    when another holder has it or the directory is not private."""
-    directory = os.path.dirname(path)
-    if not held._private(directory, os.geteuid()):
+class Listening:
+    """The holder's place: its directory held open, the lock that makes it the only holder
+    there, and its listening socket. The directory is used through the open descriptor, so the
+    lock, the socket's mode and its removal stay in the directory that was checked, whatever
+    is later renamed onto its path."""
+
+    def __init__(self, dir_fd: int, name: str, lock: int, server: socket.socket):
+        self.dir_fd, self.name, self.lock, self.server = dir_fd, name, lock, server
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        self.socket_id = (st.st_dev, st.st_ino)
+
+    def still_ours(self) -> bool:
+        """Is our socket still at our name? (Removed or replaced: no caller can reach us.)"""
+        try:
+            st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.socket_id
+
+    def close(self) -> None:
+        if self.still_ours():     # another file there now is not ours to remove
+            try:
+                os.unlink(self.name, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        self.server.close()
+        os.close(self.lock)
+        os.close(self.dir_fd)
+
+
+def _listen(path: str) -> Optional[Listening]:
+    """This holder's place at ``path``; None when another holder has it or the directory is
+    not private."""
+    directory, name = os.path.split(path)
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return None
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if not held.is_private(os.fstat(dir_fd), os.geteuid()):
+            raise OSError("not a private directory")
+        lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=dir_fd)
+    except OSError:
+        os.close(dir_fd)
+        return None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # bound and listening under a name of its own first, then renamed into place: a caller
+        # never finds a socket that does not listen yet (it would go direct, and a quit sent
+        # then would be lost)
+        temp = f"new-{os.getpid()}.sock"
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.bind(os.path.join(directory, temp))
+            # the bind goes by path: it must have landed in the directory checked, not in one
+            # renamed onto the path meanwhile
+            bound = os.stat(os.path.join(directory, temp), follow_symlinks=False)
+            here = os.stat(temp, dir_fd=dir_fd, follow_symlinks=False)
+            if (bound.st_dev, bound.st_ino) != (here.st_dev, here.st_ino):
+                raise OSError("the directory was replaced during the bind")
+            os.chmod(temp, 0o600, dir_fd=dir_fd)
+            server.listen(64)
+            server.settimeout(SWEEP_S)
+            os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return Listening(dir_fd, name, lock, server)
+        except OSError:
+            server.close()
+            raise
     except OSError:
         os.close(lock)
+        os.close(dir_fd)
         return None
-    try:
-        os.unlink(path)     # a holder that died left it; the lock says none is using it
-    except FileNotFoundError:
-        pass
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    os.chmod(path, 0o600)
-    server.listen(64)
-    server.settimeout(SWEEP_S)
-    return lock, server
 
 
 def serve(path: str, persist: float) -> None:
     listening = _listen(path)
     if listening is None:
         return
-    lock, server = listening
+    server = listening.server
     state = HolderState(persist)
     signal.signal(signal.SIGTERM, lambda *_: state.quit.set())
     me = os.geteuid()
     try:
-        while not state.sweep():
+        while not state.sweep() and listening.still_ours():
             try:
                 conn, _ = server.accept()
             except socket.timeout:
@@ -197,13 +252,8 @@ def serve(path: str, persist: float) -> None:
                 continue
             threading.Thread(target=handle, args=(conn, state), daemon=True).start()
     finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        server.close()
+        listening.close()
         state.close()
-        os.close(lock)
 
 
 def main(path: str, persist: float) -> None:

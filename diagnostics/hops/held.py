@@ -10,7 +10,9 @@ is the holder; this is the client side and the wire both share).
   it always did.
   Through the holder a call imports neither paramiko nor Fabric and makes no handshake.
 - The socket lives in a directory private to the user (mode 0700, owned by the user, not a
-  link: checked before every use); the holder also checks each caller's uid (``SO_PEERCRED``).
+  link, and no one else able to rename or replace it or a directory above it: checked before
+  every use); the holder checks each caller's uid (``SO_PEERCRED``) and each caller the
+  holder's before it sends anything. A socket that does not accept at once is no holder.
   Each connection closes after ``persist`` seconds unused, and the holder exits with its last.
 - A call's stdin never closes early: a caller that goes away (Ctrl-C, a crash) closes its
   socket, and the holder then closes the channel, so the runtime stops the diagnostic.
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .base import OnStdout, ProcessOutput, StreamCapture, Transport, TransportError
 from .sshconfig import Endpoint
@@ -41,6 +43,9 @@ MAX_FRAME = 64 << 20          # one stream chunk or a final stream (bounded by w
 MAX_DIR_BYTES = 107 - 29
 # A caller waits this long past its run's deadline for the holder's answer.
 GRACE_S = 30.0
+# A holder's socket is local: one that does not take a connection at once (a full backlog, a
+# stopped holder) is treated as none, so a call goes direct instead of waiting on it.
+CONNECT_S = 2.0
 
 _HEAD = struct.Struct(">cI")   # frame: kind, length
 
@@ -105,7 +110,7 @@ def private_dir() -> Optional[str]:
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     base = os.path.join(runtime, "mldiag")
     if not (runtime.startswith("/") and len(os.fsencode(base)) <= MAX_DIR_BYTES
-            and _private(runtime, uid)):
+            and _private(runtime, uid) and _fixed_above(runtime, uid)):
         base = f"/tmp/mldiag-{uid}"
     try:
         os.mkdir(base, 0o700)
@@ -128,12 +133,46 @@ def _private(path: str, uid: int) -> bool:
         return False
 
 
+def _fixed_above(path: str, uid: int) -> bool:
+    """No one but root and ``uid`` can rename or replace a directory above ``path`` (OpenSSH's
+    rule for the directories above a config file, sticky ones such as /tmp allowed): else
+    another user could swap the private directory for one of theirs after it was checked.
+    Both the path as written and the one its links lead to are checked."""
+    for start in {os.path.abspath(path), os.path.realpath(path)}:
+        here = start
+        while os.path.dirname(here) != here:
+            here = os.path.dirname(here)
+            try:
+                st = os.lstat(here)
+            except OSError:
+                return False
+            open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+            if st.st_uid not in (0, uid) or (stat.S_ISDIR(st.st_mode) and open_to_others):
+                return False
+    return True
+
+
+def holder_code(directory: Optional[str] = None) -> List[os.DirEntry]:
+    """The package's modules a holder may run: every one but ``diagnostics/scripts/`` (the
+    diagnostics, sent to targets as bytes, never imported on this side). All of them, not a
+    list kept by hand: a module the holder imports, now or after a change, is in it."""
+    directory = directory or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.endswith(".py") and entry.is_file():
+            found.append(entry)
+        elif entry.name not in ("scripts", "__pycache__") and entry.is_dir(follow_symlinks=False):
+            found += holder_code(entry.path)
+    return found
+
+
 def holder_name() -> str:
     """One holder per mldiag code, Python and ssh-agent: a caller never talks to a holder of
     other code, and a held connection authenticated through one agent serves only its users."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    stamps = [str(os.stat(os.path.join(here, f)).st_mtime_ns)
-              for f in ("holder.py", "hops/held.py", "hops/ssh.py", "hops/knownhosts.py")]
+    stamps = []
+    for entry in holder_code():
+        st = entry.stat()
+        stamps.append(f"{entry.path}:{st.st_size}:{st.st_mtime_ns}")
     key = "\0".join([str(PROTOCOL), sys.executable, os.environ.get("SSH_AUTH_SOCK", ""), *stamps])
     return "holder-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -142,6 +181,7 @@ def connect(path: str) -> Optional[socket.socket]:
     """A socket to the holder at ``path``, or None when none answers there as this user."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        sock.settimeout(CONNECT_S)
         sock.connect(path)
         pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                              struct.calcsize("3i")))

@@ -7,7 +7,10 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -116,8 +119,8 @@ def test_a_holder_started_twice_at_one_path_listens_once(short_tmp):
         assert holder._listen(path) is None      # the lock is taken: the second one leaves
         assert held.connect(path) is not None
     finally:
-        os.close(first[0])
-        first[1].close()
+        first.close()
+    assert not os.path.exists(path)              # its socket removed on the way out
     os.chmod(d, 0o711)
     assert holder._listen(path) is None          # not private: no socket there
 
@@ -170,3 +173,122 @@ def test_how_the_command_ended_is_taken_only_in_its_own_types():
                 {"exit_code": None, "timed_out": False, "lost": None}):
         with pytest.raises(ValueError, match="malformed"):
             held._ended(bad, out, b"")
+
+
+# ------------------------------------------------------------------ attacks (issue 29 section 4)
+
+def test_the_holders_name_changes_with_any_module_it_may_run(tmp_path, monkeypatch):
+    """Not only the four modules once listed by hand: a change to wire.py or hops/base.py (which
+    the holder runs for every request) gives a new name, so no holder of older code serves; a
+    diagnostic under scripts/ (never imported on this side) does not."""
+    package = Path(held.__file__).resolve().parents[1]
+    copy = tmp_path / "diagnostics"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(held, "__file__", str(copy / "hops" / "held.py"))
+    names = [held.holder_name()]
+    for module in ("wire.py", "hops/base.py", "hops/sshconfig.py", "errors.py"):
+        os.utime(copy / module, ns=(1, 10**18 + len(names)))
+        names.append(held.holder_name())
+    assert len(set(names)) == len(names), names
+    os.utime(copy / "scripts" / "gpu_status.py", ns=(1, 1))
+    assert held.holder_name() == names[-1]
+
+
+HOLDER_LOADS = """
+import json, socket, sys, threading
+from diagnostics import holder
+from diagnostics.hops import held, knownhosts   # knownhosts: a connection's host-key step
+path = sys.argv[1]
+
+def caller():
+    ep = held.Endpoint("x", "127.0.0.1", 1, "u", (), (), (), "yes", 2.0)
+    for request in ({"op": "run", "argv": ["true"], "timeout": 5, "payload": 0,
+                     "endpoint": held.endpoint_to_dict(ep)}, {"op": "quit"}):
+        while True:
+            sock = held.connect(path)
+            if sock is not None:
+                break
+        held.send_frame(sock, b"Q", json.dumps(request).encode())
+        while held.recv_frame(sock)[0] not in (b"R", b"X"):
+            pass
+        sock.close()
+
+threading.Thread(target=caller, daemon=True).start()
+holder.serve(path, 5.0)
+print(json.dumps(sorted(m.__file__ for name, m in sys.modules.items()
+                        if name.split(".")[0] == "diagnostics" and getattr(m, "__file__", None))))
+"""
+
+
+def test_every_module_a_holder_loads_is_in_its_name(short_tmp):
+    """A real holder serves a run (its connection refused) and is told to quit: every module
+    of the package it loaded on the way is one its name is made of."""
+    d = short_tmp / "h"
+    d.mkdir(mode=0o700)
+    proc = subprocess.run([sys.executable, "-c", HOLDER_LOADS, str(d / "x.sock")],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=str(Path(held.__file__).resolve().parents[2]))
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert {"holder.py", "ssh.py", "base.py", "wire.py"} <= {os.path.basename(p) for p in loaded}
+    assert loaded <= {entry.path for entry in held.holder_code()}
+
+
+def test_a_socket_that_does_not_accept_is_no_holder(short_tmp):
+    """A listener whose backlog is full (a stopped holder, or one planted to hang callers):
+    connect gives up at once instead of waiting."""
+    d = short_tmp / "h"
+    d.mkdir(mode=0o700)
+    path = str(d / "x.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(0)
+        fillers = []
+        for _ in range(4):      # fill the backlog (never accepted)
+            filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            try:
+                filler.connect(path)
+            except BlockingIOError:
+                filler.close()
+                break
+            fillers.append(filler)
+        answer = []
+        caller = threading.Thread(target=lambda: answer.append(held.connect(path)), daemon=True)
+        caller.start()
+        caller.join(5.0)                  # a connect that waits on the backlog never returns
+        assert answer == [None]
+        for filler in fillers:
+            filler.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("parent_mode,parent_uid,used", [
+    (0o755, 0, True), (0o755, 65534, False), (0o777, 0, False), (0o1777, 0, True)])
+def test_a_runtime_dir_someone_else_can_swap_is_not_used(short_tmp, monkeypatch, parent_mode,
+                                                         parent_uid, used):
+    """$XDG_RUNTIME_DIR private itself, but under a directory another user owns or may write
+    (not sticky): they could rename it away and put their own in its place after it was
+    checked. Then the socket goes to /tmp/mldiag-UID (under sticky /tmp) instead."""
+    parent = short_tmp / "p"
+    parent.mkdir()
+    run_dir = parent / "run"
+    run_dir.mkdir(mode=0o700)
+    os.chown(parent, parent_uid, parent_uid)
+    os.chmod(parent, parent_mode)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+    expected = str(run_dir / "mldiag") if used else f"/tmp/mldiag-{os.geteuid()}"
+    assert held.private_dir() == expected
+
+
+def test_a_holder_leaves_a_file_put_in_its_sockets_place_and_sees_it_is_not_reachable(short_tmp):
+    d = short_tmp / "h"
+    d.mkdir(mode=0o700)
+    path = str(d / "x.sock")
+    listening = holder._listen(path)
+    assert listening is not None and listening.still_ours()
+    os.unlink(path)
+    Path(path).write_text("someone else's")
+    assert not listening.still_ours()               # serve() ends at its next sweep
+    listening.close()
+    assert Path(path).read_text() == "someone else's"
