@@ -34,11 +34,13 @@ feed); messages are not exported (unbounded text; they stay in the result JSON).
 """
 
 import errno
+import math
 import os
 import secrets
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from . import wire
 from .errors import InputError
 from .results import ACTIONS, Result, status_rank
 
@@ -62,16 +64,22 @@ HELP = {
 
 
 def escape_label_value(value) -> str:
-    """A label value as the text exposition format writes it: \\\\, \\" and \\n escaped."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value as the text exposition format writes it: \\\\, \\" and \\n escaped; a lone
+    surrogate (the wire lets none in) first as its ``\\udXXX`` text, so the file encodes."""
+    text = wire.encodable(str(value))
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _number(value: float) -> str:
-    if value != value:                          # NaN
+    try:
+        number = float(value)
+    except OverflowError:       # an int past a float's range (the wire's gate refuses them)
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
         return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(int(value)) if float(value).is_integer() else repr(float(value))
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    return repr(int(value)) if number.is_integer() else repr(number)
 
 
 def _sample(name: str, labels: Iterable[Tuple[str, object]], value: float) -> str:
@@ -104,7 +112,7 @@ def render(results: List[Result]) -> str:
         worst = _worst_action(r)
         if worst is not None:
             families["worst_action"].append(_sample("worst_action", t, ACTIONS.index(worst)))
-        families["duration_seconds"].append(_sample("duration_seconds", t, float(r.duration_s or 0)))
+        families["duration_seconds"].append(_sample("duration_seconds", t, r.duration_s or 0))
         families["findings"].append(_sample("findings", t, len(r.findings)))
         checks = (r.data or {}).get("checks") if isinstance(r.data, dict) else None
         for name, info in sorted((checks or {}).items()):
@@ -116,7 +124,7 @@ def render(results: List[Result]) -> str:
                     _sample("check_status", labels, CHECK_STATUS[info["status"]]))
             if isinstance(info.get("seconds"), (int, float)) and not isinstance(info["seconds"], bool):
                 families["check_duration_seconds"].append(
-                    _sample("check_duration_seconds", labels, float(info["seconds"])))
+                    _sample("check_duration_seconds", labels, info["seconds"]))
         counts: Dict[Tuple, int] = {}
         for f in r.findings:
             base = (_finding_attr(f, "check") or "", _finding_attr(f, "code") or "")

@@ -14,8 +14,11 @@ then loads the runtime, through the target's code cache when its line names its 
 
 Inbound: the runtime prints one frame, ``BEGIN nonce`` · the result JSON · ``END nonce``, last
 on stdout.  ``read_result`` finds it in linear time, bounds its size and nesting depth before
-parsing, and checks the document against the result schema; anything else is a
-``ProtocolError`` that becomes the target's ``protocol`` row, never a crash of the run.
+parsing, bounds every value in the parsed document (``bounded_values``: each int within
+``MAX_INT`` either way, each float finite; each lone surrogate in a string or a key let in as
+its ``\\udXXX`` escape, so no file, label or stream it reaches fails to encode it), and checks
+the document against the result schema; anything else is a ``ProtocolError`` that becomes the
+target's ``protocol`` row, never a crash of the run.
 
 Progress, before the frame, only when the header asks for it (``"progress": true``: the client
 shows a live display on a terminal): whole lines ``@@MLDIAG-PROGRESS nonce@@ {json}\n``, at most
@@ -36,6 +39,7 @@ it repeats the frame markers, and ``tests/unit/test_wire.py`` checks that both a
 """
 
 import json
+import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -79,7 +83,10 @@ STDERR_HEAD, STDERR_TAIL = 256 * 1024, 1024 * 1024
 MAX_PROGRESS_LINE = 128 * 1024
 MAX_PROGRESS_BYTES = 2 * 1024 * 1024
 PROGRESS_STREAMS = ("stdout", "stderr")
-
+# Every int a target sends is within MAX_INT either way: int64 less its one asymmetric value,
+# what a Go or C reader of the saved JSON takes as an integer and a float holds without an
+# overflow (Python's json reads 401 digits as an int, and 1e400 as inf: both refused).
+MAX_INT = 2**63 - 1
 
 
 # ----------------------------------------------------------------------------- outbound
@@ -198,9 +205,74 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+class ValueOutOfBounds(ValueError):
+    """A number past the bounds (``MAX_INT``, finite floats), with where it is in the document."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.path: List[str] = []     # ".key" and "[i]", outermost first (filled in on the way out)
+        super().__init__(what)
+
+    def __str__(self) -> str:
+        where = "".join(self.path)
+        return f"{(where[1:] if where.startswith('.') else where) or 'the document'}: {self.what}"
+
+
+# A lone surrogate: what a "\ud800" escape parses to; it cannot be encoded to UTF-8 (a file, a
+# stream, a label), so it is let in as the six characters of its escape, as render.safe_text
+# shows one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate as its ``\\udXXX`` escape; other text unchanged."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def bounded_values(value: Any) -> Any:
+    """A parsed JSON value with every string (keys too) ``encodable`` and every number checked:
+    an int within ``MAX_INT`` either way, a float finite, else ``ValueOutOfBounds`` naming the
+    first one outside.  Containers are changed in place (the parser's own, never shared); the
+    walk's depth is ``check_depth``'s bound."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_INT:
+            raise ValueOutOfBounds(f"an integer of {len(str(abs(value)))} digits, past the "
+                                   f"bound of 2**63 - 1 either way")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueOutOfBounds(f"{value!r}, not a finite number")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            try:
+                value[i] = bounded_values(item)
+            except ValueOutOfBounds as exc:
+                exc.path.insert(0, f"[{i}]")
+                raise
+    elif isinstance(value, dict):
+        if any(_SURROGATE.search(key) for key in value):
+            escaped = {encodable(key): item for key, item in value.items()}
+            if len(escaped) < len(value):
+                raise ValueOutOfBounds("two keys that are one once their lone surrogates are "
+                                       "escaped")
+            value.clear()
+            value.update(escaped)
+        for key, item in value.items():
+            try:
+                value[key] = bounded_values(item)
+            except ValueOutOfBounds as exc:
+                exc.path.insert(0, "." + ascii(key)[1:-1][:40])
+                raise
+    return value
+
+
 def decode_result(frame: bytes) -> Dict[str, Any]:
-    """The frame's document, parsed only once its size and depth are known to be bounded, and
-    checked against the result schema."""
+    """The frame's document, parsed only once its size and depth are known to be bounded, its
+    numbers bounded and its strings encodable (``bounded_values``), and checked against the
+    result schema."""
     if len(frame) > MAX_RESULT_BYTES:
         raise ProtocolError(f"the result is {len(frame)} bytes, over the "
                             f"{MAX_RESULT_BYTES // 2**20} MiB limit", frame)
@@ -209,6 +281,10 @@ def decode_result(frame: bytes) -> Dict[str, Any]:
         doc = json.loads(frame.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
         raise ProtocolError(f"the result is not JSON ({str(exc)[:120]})", frame) from None
+    try:
+        doc = bounded_values(doc)
+    except ValueOutOfBounds as exc:
+        raise ProtocolError(str(exc), frame) from None
     problem = schema_problem(doc)
     if problem:
         raise ProtocolError(problem, frame)
@@ -292,8 +368,8 @@ def parse_progress(text: bytes) -> Optional[Dict[str, Any]]:
     """One progress record, checked (see the module's docstring), or None."""
     try:
         check_depth(text, 4)
-        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
-    except (ValueError, RecursionError, ProtocolError):
+        doc = bounded_values(json.loads(text.decode("utf-8"), parse_constant=_reject_constant))
+    except (ValueError, RecursionError, ProtocolError):   # ValueOutOfBounds is a ValueError
         return None
     if not isinstance(doc, dict):
         return None

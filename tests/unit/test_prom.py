@@ -214,3 +214,36 @@ def test_relative_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prom.write("node.prom", RESULTS)
     assert os.listdir(tmp_path) == ["node.prom"]
+
+
+# --- defence in depth (issue 29 §0): the wire's gate refuses these; the file is written anyway ---
+
+def test_numbers_past_a_floats_range_are_infinities_not_an_overflow():
+    r = node("h", "ok", checks={"xid": {"status": "ok", "seconds": -10**400},
+                                "ib": {"status": "ok", "seconds": 2**63 - 1}})
+    r.duration_s = 10**400
+    text = prom.render([r])
+    assert 'mldiag_node_check_duration_seconds{target="h"} +Inf' in text.splitlines()
+    assert samples(text, "check_duration_seconds") == [({"target": "h", "check": "ib"}, 2**63 - 1),
+                                                       ({"target": "h", "check": "xid"}, float("-inf"))]
+    assert 'check="ib"} 9223372036854775807' in text     # an int is written with all its digits
+
+
+def test_a_lone_surrogate_in_a_label_is_written_as_its_escape(tmp_path):
+    r = node("h\udfff", "warn", [finding("warn", "x\ud800", action="monitor", check="xid\udc00")],
+             checks={"xid\udc00": {"status": "warn", "seconds": 1}})
+    path = tmp_path / "node.prom"
+    prom.write(str(path), [r])
+    text = path.read_text(encoding="utf-8")
+    assert samples(text, "finding") == [({"target": "h\\udfff", "check": "xid\\udc00", "code": "x\\ud800",
+                                          "gpu": "", "port": "", "action": "monitor", "level": "warn"}, 1)]
+    assert prom.escape_label_value("a\ud800\\") == "a\\\\ud800\\\\"
+
+
+def test_a_forged_help_line_in_a_label_stays_inside_its_label():
+    forged = 'x"} 1\n# HELP mldiag_node_check_status forged\nmldiag_node_check_status{target="victim"} 0'
+    text = prom.render([node("h", "fail", [finding("fail", forged, action="drain", check="xid")])])
+    assert [l for l in text.splitlines() if l.startswith("# HELP mldiag_node_check_status ")] == [
+        f"# HELP mldiag_node_check_status {prom.HELP['status']}"]
+    assert samples(text, "status") == [({"target": "h"}, 2)]
+    assert [labels["code"] for labels, _ in samples(text, "finding")] == [forged]

@@ -5,8 +5,8 @@ below is one that a one-token change of results.py would get wrong."""
 import pytest
 
 from diagnostics import errors
-from diagnostics.results import (ERROR_LAYERS, SCHEMA, STATUSES, ErrorInfo, Finding, Result, exit_code,
-                                 status_rank, worst_status)
+from diagnostics.results import (ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, ErrorInfo, Finding, Result,
+                                 action_rank, exit_code, status_rank, worst_action, worst_status)
 
 
 def test_the_vocabulary_is_pinned():
@@ -134,3 +134,57 @@ def test_failure_is_an_error_row_naming_its_layer():
                        duration_s=1.5)
     assert r.error == ErrorInfo("crashed", "KeyError", "boom", "tb", "se")
     assert r.duration_s == 1.5
+
+
+# ----------------------------------------------------------------------------- actions (issue 29 §5)
+
+
+def test_the_action_order_is_pinned():
+    """Least to most severe: a swap (``drain`` after ``rma``) would send a dead GPU to a drain."""
+    assert ACTIONS == ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
+
+
+@pytest.mark.parametrize("action, rank", [
+    ("none", 0), ("monitor", 1), ("app", 2), ("reset-gpu", 3), ("reboot", 4), ("drain", 5),
+    ("rma", 6),
+    (None, -1), ("", -1), ("panic", -1), ("RMA", -1),   # no action, or one we do not know
+])
+def test_action_rank(action, rank):
+    assert action_rank(action) == rank
+
+
+def _acting(*actions):
+    return [Finding("fail", "c", "m", action=a) for a in actions]
+
+
+@pytest.mark.parametrize("actions, worst", [
+    ((), None),
+    ((None,), None),
+    ((None, None), None),
+    (("none",), "none"),
+    ((None, "monitor"), "monitor"),
+    (("monitor", None), "monitor"),
+    (("drain", "rma"), "rma"),
+    (("rma", "drain"), "rma"),
+    (("reboot", "drain", "monitor"), "drain"),
+    (("app", "reset-gpu"), "reset-gpu"),
+    (("reset-gpu", "app"), "reset-gpu"),
+    (("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma"), "rma"),
+    (("rma", "drain", "reboot", "reset-gpu", "app", "monitor", "none"), "rma"),
+    (("drain", "panic"), "drain"),      # an unknown word never outranks a known action...
+    (("panic", "monitor"), "monitor"),
+    (("panic",), None),                 # ...nor stands for one
+])
+def test_worst_action(actions, worst):
+    assert worst_action(iter(_acting(*actions))) == worst
+
+
+def test_finding_to_dict_keeps_empty_lists_and_drops_only_none():
+    """``gpus: []`` (about no GPU) is what the target said: kept, as an explicit empty list."""
+    assert Finding("info", "c", "m", gpus=[], ports=[]).to_dict() == {
+        "level": "info", "code": "c", "message": "m", "gpus": [], "ports": []}
+    assert Finding("info", "c", "m", gpus=[0], action="none", check="xid", ports=["mlx5_0/1"]).to_dict() == {
+        "level": "info", "code": "c", "message": "m", "gpus": [0], "action": "none", "check": "xid",
+        "ports": ["mlx5_0/1"]}
+    assert Finding("info", "c", "m", gpus=None, action=None, check=None, ports=None).to_dict() == {
+        "level": "info", "code": "c", "message": "m"}

@@ -654,3 +654,213 @@ def test_a_result_of_exactly_the_size_limit_passes():
     with pytest.raises(wire.ProtocolError, match="over the 16 MiB limit") as exc:
         wire.decode_result(body[:-1] + b" }")
     assert exc.value.excerpt.startswith("'{\"schema\": 2")
+
+
+# ----------------------------------------------------------------------------- values at the gate (issue 29 §0)
+# Well-formed, schema-valid documents with a value the client cannot hold or write: before the
+# gate, each number below ended the whole run in Result.from_dict or prom.py (OverflowError),
+# each surrogate in a file's or a stream's encoder (UnicodeEncodeError).
+
+BIG = 10**400                      # json.dumps writes it as 401 digits
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"duration_s": BIG}, "duration_s: an integer of 401 digits"),
+    ({"duration_s": -BIG}, "duration_s: an integer of 401 digits"),
+    ({"data": {"checks": {"xid": {"status": "ok", "seconds": BIG}}}},
+     "data.checks.xid.seconds: an integer of 401 digits"),
+    ({"data": {"rows": [1, [2, BIG]]}}, "data.rows[1][1]: an integer of 401 digits"),
+    ({"findings": [{"level": "fail", "code": "c", "message": "m", "gpus": [0, BIG]}]},
+     r"findings[0].gpus[1]: an integer of 401 digits"),
+    ({"log": [{"level": "INFO", "source": "s", "message": "m", "n": BIG}]},
+     "log[0].n: an integer of 401 digits"),
+    ({"data": {"max": 2**63}}, "data.max: an integer of 19 digits"),
+    ({"data": {"min": -2**63}}, "data.min: an integer of 19 digits"),
+    ({"data": {"a\nb": BIG}}, "data.a\\nb: an integer of 401 digits"),
+])
+def test_an_integer_past_the_bound_is_a_protocol_error_naming_where(changes, reason):
+    assert _reason(json.dumps(good_doc(**changes)).encode()) == \
+        f"{reason}, past the bound of 2**63 - 1 either way"
+
+
+def test_the_integer_bound_is_int64_less_its_one_asymmetric_value():
+    assert wire.MAX_INT == 2**63 - 1
+    doc = good_doc(duration_s=2**63 - 1, data={"max": 2**63 - 1, "min": -(2**63 - 1), "zero": 0})
+    assert wire.decode_result(json.dumps(doc).encode()) == doc
+    assert results.Result.from_dict(doc).duration_s == float(2**63 - 1)
+
+
+@pytest.mark.parametrize("number, where, shown", [
+    (b"1e400", "duration_s", "inf"),
+    (b"-1e400", "duration_s", "-inf"),
+    (b"1" + b"0" * 400 + b".0", "duration_s", "inf"),
+])
+def test_a_float_json_reads_as_infinite_is_a_protocol_error(number, where, shown):
+    body = json.dumps(good_doc()).encode().replace(b"0.25", number)
+    assert _reason(body) == f"{where}: {shown}, not a finite number"
+    nested = json.dumps(good_doc(data={"t": [0.5, "x"]})).encode().replace(b"0.5", number)
+    assert _reason(nested) == f"data.t[0]: {shown}, not a finite number"
+
+
+def test_the_largest_finite_floats_pass():
+    doc = good_doc(duration_s=1.7976931348623157e308, data={"tiny": -1.7976931348623157e308,
+                                                            "sub": 5e-324})
+    assert wire.decode_result(json.dumps(doc).encode()) == doc
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinities_are_not_json_anywhere(constant):
+    for body in (json.dumps(good_doc()).encode().replace(b"0.25", constant),
+                 json.dumps(good_doc(data={"x": [1, "y"]})).encode().replace(b"[1,", b"[" + constant + b",")):
+        assert _reason(body) == f"the result is not JSON ({constant.decode()} is not JSON)"
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"duration_s": True}, "duration_s is a boolean, not a number"),
+    ({"duration_s": False}, "duration_s is a boolean, not a number"),
+    ({"schema": True}, "schema is True, not 2"),
+    ({"schema": 2.0}, "schema is 2.0, not 2"),
+    ({"findings": [{"level": "fail", "code": "c", "message": "m", "gpus": [0, True]}]},
+     "findings[0].gpus holds a boolean, not a number or a string"),
+    ({"findings": [{"level": "fail", "code": "c", "message": "m", "gpus": [False]}]},
+     "findings[0].gpus holds a boolean, not a number or a string"),
+    ({"findings": [{"level": "fail", "code": "c", "message": "m", "ports": [True]}]},
+     "findings[0].ports holds a boolean, not a string"),
+    ({"findings": [{"level": "fail", "code": "c", "message": "m", "action": ""}]},
+     "findings[0].action '' is not one of none, monitor, app, reset-gpu, reboot, drain, rma"),
+])
+def test_a_boolean_or_a_float_where_an_int_goes_and_an_empty_action_are_refused(changes, reason):
+    assert _reason(json.dumps(good_doc(**changes)).encode()) == reason
+
+
+def test_lone_surrogates_are_let_in_as_their_escapes_everywhere():
+    """A code, a message, a summary, data keys and values, at any depth: each lone surrogate as
+    the six characters render.safe_text shows; a real pair (an emoji) is left alone."""
+    doc = good_doc(summary="s\udfff", findings=[{"level": "warn", "code": "x\ud800",
+                                                 "message": "m\udbff\udbff", "hint": "\udc00"}],
+                   data={"\ud800key": {"deep": ["v\udc00", {"\udfffk": "\U0001f600"}]}},
+                   log=[{"level": "INFO", "source": "s\ud800", "message": "m"}])
+    body = json.dumps(doc).encode()
+    assert b"\\ud800" in body          # how a target sends one (json.dumps escapes it)
+    got = wire.decode_result(body)
+    assert got["summary"] == "s\\udfff"
+    assert got["findings"][0] == {"level": "warn", "code": "x\\ud800", "message": "m\\udbff\\udbff",
+                                  "hint": "\\udc00"}
+    assert got["data"] == {"\\ud800key": {"deep": ["v\\udc00", {"\\udfffk": "\U0001f600"}]}}
+    assert got["log"][0]["source"] == "s\\ud800"
+    # what the files, the labels and the streams do with it: encode, never raise
+    text = json.dumps(results.Result.from_dict(got).to_dict(), ensure_ascii=False)
+    assert text.encode("utf-8").decode("utf-8") == text
+
+
+def test_keys_that_become_one_once_escaped_are_refused_not_merged():
+    body = b'{"k": 1, "\\\\ud800": 1, "\\ud800": 2}'
+    assert json.loads(body)["\\ud800"] == 1       # one key is the six characters already
+    assert _reason(json.dumps(good_doc(data={"x": 1})).encode().replace(b'{"x": 1}', body)) == \
+        "data: two keys that are one once their lone surrogates are escaped"
+
+
+def test_encodable_changes_only_lone_surrogates():
+    assert wire.encodable("plain é \U0001f600 \\ud800") == "plain é \U0001f600 \\ud800"
+    assert wire.encodable("\ud800\udfff") == "\\ud800\\udfff"     # two lone ones, not a pair
+    assert wire.encodable("a\ud83d") == "a\\ud83d"
+
+
+def test_a_hostile_value_at_the_top_of_a_progress_record_or_anywhere_else_in_one_drops_it():
+    """Progress records pass the same gate: a 401-digit ``t`` raised OverflowError out of the
+    reader (in the transport's output callback) before it."""
+    for bad in (b'{"seq": 0, "t": 1' + b"0" * 400 + b"}", b'{"seq": 0, "t": 1e400}',
+                b'{"seq": 9223372036854775808, "t": 0}', b'{"seq": 0, "t": 0, "x": [1e999]}'):
+        assert wire.parse_progress(bad) is None, bad
+    assert wire.parse_progress(b'{"seq": 9223372036854775807, "t": 0, "text": "a\\ud800"}') == \
+        {"seq": 2**63 - 1, "t": 0.0, "text": "a\\ud800"}
+
+
+@pytest.mark.parametrize("mode, reason", [
+    ("int-401-duration", "duration_s: an integer of 401 digits"),
+    ("int-401-seconds", "data.checks.xid.seconds: an integer of 401 digits"),
+    ("float-1e400", "data.temperature_c: inf, not a finite number"),
+    ("minus-infinity", "the result is not JSON (-Infinity is not JSON)"),
+    ("bool-duration", "duration_s is a boolean, not a number"),
+])
+def test_a_hostile_value_is_that_targets_protocol_row(mode, reason):
+    r = runner.run_one(hostile(mode), bundle.script_job("ping"), SshPool())
+    assert r.status == "error" and r.error.layer == "protocol", r.to_dict()
+    assert r.error.message.startswith(f"the target answered with a malformed result: {reason}")
+
+
+def test_values_at_the_bound_and_escaped_surrogates_come_through_a_run():
+    r = runner.run_one(hostile("int-at-bound"), bundle.script_job("ping"), SshPool())
+    assert (r.status, r.data) == ("ok", {"max": 2**63 - 1, "min": -(2**63 - 1)}), r.to_dict()
+    r = runner.run_one(hostile("surrogates"), bundle.script_job("ping"), SshPool())
+    assert r.status == "warn" and [f.code for f in r.findings] == ["x\\ud800"], r.to_dict()
+
+
+# ----------------------------------------------------------------------------- boundaries (issue 29 §5)
+# Each limit at the limit and one past it; every one of these was a surviving hand-made mutant.
+
+PROGRESS = (wire.PROGRESS_MARK % NONCE).encode()
+
+
+def progress_line(seq: int, size: int) -> bytes:
+    """A valid progress line of exactly ``size`` bytes, its newline not counted."""
+    head = PROGRESS + b'{"seq": %d, "t": 0, "text": "' % seq
+    line = head + b"x" * (size - len(head) - 2) + b'"}'
+    assert len(line) == size
+    return line
+
+
+def read_progress(*lines: bytes):
+    got = []
+    reader = wire.ProgressReader(NONCE, got.append)
+    reader.feed(b"".join(line + b"\n" for line in lines))
+    return [record["seq"] for record in got], reader
+
+
+def test_a_progress_line_of_128_kib_passes_and_one_byte_more_is_dropped():
+    assert wire.MAX_PROGRESS_LINE == 128 * 1024       # what the runtime's lines are sized against
+    assert read_progress(progress_line(0, 128 * 1024))[0] == [0]
+    seqs, reader = read_progress(progress_line(0, 128 * 1024 + 1), progress_line(1, 100))
+    assert (seqs, reader.ignored) == ([1], 1)
+
+
+def test_progress_lines_of_2_mib_in_all_with_their_newlines_pass_and_one_byte_more_does_not():
+    n, size = 16, wire.MAX_PROGRESS_BYTES // 16 - 1       # 16 lines + newlines == 2 MiB exactly
+    exact = [progress_line(i, size) for i in range(n)]
+    assert sum(len(line) + 1 for line in exact) == wire.MAX_PROGRESS_BYTES
+    assert read_progress(*exact)[0] == list(range(n))
+    over = exact[:-1] + [progress_line(n - 1, size + 1)]
+    seqs, reader = read_progress(*over)
+    assert (seqs, reader.ignored, reader.received) == (list(range(n - 1)), 1, (size + 1) * (n - 1))
+
+
+def test_a_repeated_seq_is_dropped_and_seq_0_is_the_first():
+    seqs, reader = read_progress(progress_line(0, 80), progress_line(0, 80), progress_line(1, 80))
+    assert (seqs, reader.ignored) == ([0, 1], 1)
+
+
+@pytest.mark.parametrize("text, ok", [
+    (b'{"seq": 0, "t": 0}', True),
+    (b'{"seq": -1, "t": 0}', False),
+    (b'{"seq": true, "t": 0}', False),
+    (b'{"seq": false, "t": 0}', False),
+    (b'{"seq": 0, "t": true}', False),
+    (b'{"seq": 0, "t": 0, "coalesced": 0}', True),
+    (b'{"seq": 0, "t": 0, "coalesced": -1}', False),
+    (b'{"seq": 0, "t": 0, "coalesced": true}', False),
+    (b'{"seq": 0, "t": 0, "x": [[[1]]]}', True),          # depth 4: the limit
+    (b'{"seq": 0, "t": 0, "x": [[[[1]]]]}', False),       # depth 5
+    (b'{"seq": 0, "t": 0, "output": [["stdout", "a"]]}', True),
+    (b'{"seq": 0, "t": 0, "output": [["stdout", "a", "b"]]}', False),
+    (b'{"seq": 0, "t": 0, "output": [["stdout"]]}', False),
+    (b'{"seq": 0, "t": 0, "output": [[]]}', False),
+])
+def test_progress_record_edges(text, ok):
+    assert (wire.parse_progress(text) is not None) is ok
+
+
+def test_a_payload_one_byte_short_is_refused():
+    payload = wire.build_payload(b"R", {"nonce": NONCE}, {"a.py": b"x" * 10})
+    with pytest.raises(ValueError, match=r"^payload truncated: a part of 10 bytes has 9$"):
+        wire.parse_payload(payload[:-1])
+    assert wire.parse_payload(payload)[3] == {"a.py": b"x" * 10}
