@@ -36,7 +36,11 @@ reports, one finding per kind, with its count and first/last line:
                timeout``, error-level ProcessGroupNCCL lines), and gloo's
                collective timeouts (``gloo/transport/... Timed out waiting``)
   xid-fatal    NVIDIA Xid events whose action in xid_catalog.json is a GPU reset or
-               worse (xid.py's rules from NVIDIA's Xid catalog: 79, 48, 119, ...)
+               worse (xid.py's rules from NVIDIA's Xid catalog: 79, 48, 119, ...), and a
+               GPU that fell off the bus in the driver's words without an Xid line
+               (NVIDIA's three-line ``NVRM: The NVIDIA GPU ...`` message, split or
+               joined, its one-line variant, ``NVRM: GPU 18:00.0: GPU has fallen off
+               the bus.``): Xid 79 at the message's first line, as node-check reads it
   xid          any other Xid (usually an application fault, e.g. 13, 31, 43): warn
   killed       killed processes (``Killed``, oom-killer, ``exit code -9``, ``signal 9``)
 
@@ -46,8 +50,11 @@ failures (traceback, empty-error, nan-loss, cuda-oom, nccl, killed) are ``app`` 
 to fix, not the node's; an Xid finding takes the worst action of its Xids from the catalog
 (48 with 63/64 on the same GPU: drain); log-not-found / log-unreadable: ``none``. The Xid
 catalog is xid.py + xid_catalog.json, shipped beside this script (the one catalog of
-node-check and gpu-status); run by hand without them, Xid lines are all ``xid`` (warn,
-monitor) and the finding says "catalog not shipped". Counts are lines, not events: one
+node-check and gpu-status; the Xid events are its parser's, over the whole window, and each
+line's action its ``event_action``: the Fatal of an NVLink5 line, Xid 154's recovery action);
+run by hand without them, ``NVRM: Xid`` lines are all ``xid`` (warn, monitor), the finding
+says "catalog not shipped" and the driver's words are not read. A window without an NVRM
+line loads neither. Counts are lines, not events (a message over several lines is one): one
 NCCL timeout is typically reported on several lines. Source lines inside a
 traceback (frames, code, carets) are not classified, its exception line is.
 Line numbers are the file's own (1-based) when the part before the tail is at
@@ -173,7 +180,9 @@ _NCCL_C10_ERROR = re.compile(r"\[E\d*\s[^\]]{0,120}ProcessGroupNCCL")   # error-
 # gloo's collective timeout (the CPU backend): "[.../gloo/transport/tcp/unbound_buffer.cc:78]
 # Timed out waiting 8000ms for recv operation to complete"
 _GLOO_TIMEOUT = re.compile(r"gloo/transport/\S*\]\s*Timed out waiting \d+ms for (?:recv|send) operation")
-_XID = re.compile(r"NVRM: Xid \(([^)]*)\):\s*(\d+)")
+_XID = re.compile(r"NVRM: Xid \(([^)]*)\):\s*(\d+)")   # without xid.py beside this script only
+# str.splitlines() breaks a line at these too (besides "\n", "\r\n")
+_OTHER_LINE_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _KILLED = re.compile(
     r"(?i:\boom[-_ ]kill)|Killed process \d+|\b\d+\s+Killed\b|(?:^|[\s:\]])Killed\s*$"
     r"|\b(?:exit|return)\s*code\s*[:=]?\s*(?:-9|137)\b|\bexited with (?:exit )?code (?:-9|137)\b"
@@ -477,6 +486,8 @@ def classify(lines, first_line_no: int = 1) -> "collections.OrderedDict[str, _Bu
         if structural:
             continue
         _classify_line(buckets, line, lineno, lines[i + 1] if i + 1 < n else None)
+    for kind, entry in _xid_matches(lines, first_line_no):
+        buckets[kind].add(entry)
     done_tbs.extend(open_tbs)
     for tb in sorted(done_tbs, key=lambda t: t.line):
         buckets["traceback"].add(tb.to_entry())
@@ -516,11 +527,58 @@ def _nan_loss(line: str, low: str):
     return None
 
 
+def _ends(line: str, joint: str) -> str:
+    """A line as it is classified: one longer than MAX_CLASSIFY (a megabyte "line" of binary
+    junk, a progress bar) is its first and last half of that, ``joint`` between them."""
+    if len(line) <= MAX_CLASSIFY:
+        return line
+    half = MAX_CLASSIFY // 2
+    return line[:half] + joint + line[-half:]
+
+
+def _xid_matches(lines, first_line_no: int):
+    """The window's Xid matches in line order, as ``(kind, entry)``: xid.py's Xid events, read
+    by node-check's parser over the whole window (an ``NVRM: Xid`` line; a GPU that fell off
+    the bus in the driver's words, Xid 79 at the first line of its message, unless an Xid 79
+    line of that GPU is near), each with its line's action; without xid.py, the ``NVRM: Xid``
+    lines, unclassified (monitor)."""
+    if not any("NVRM" in line for line in lines):
+        # every Xid line and every "fallen off the bus" message is an NVRM line: a log without
+        # one (a training log, a healthy node's) loads no xid.py or catalog
+        return []
+    xm = load_xid()
+    matches = []
+    if xm is None:
+        for i, line in enumerate(lines):
+            m = _XID.search(_ends(line, "\n"))
+            if m:
+                device = m.group(1)[4:] if m.group(1).startswith("PCI:") else m.group(1)
+                matches.append(("xid", {"line": first_line_no + i, "text": _clip(line), "xid": int(m.group(2)),
+                                        "device": device, "action": "monitor"}))
+        return matches
+    # xid.py numbers the lines of str.splitlines(): the other breaks it knows (a tqdm "\r"
+    # inside a line, a form feed) are blanked so that its line n is the window's line n
+    text = _OTHER_LINE_BREAKS.sub(" ", "\n".join(_ends(line, " ") for line in lines))
+    catalog = xm.load_catalog()     # once: each lookup without it builds the catalog's path again
+    for ev in xm.parse_kernel_log(text):
+        if ev["kind"] != "xid":
+            continue
+        action = xm.event_action(ev, catalog)
+        derived = bool(ev.get("derived"))
+        entry = {"line": first_line_no + ev["line"] - 1,
+                 # a message over several lines: as xid.py joined it (the first line alone
+                 # says only "The NVIDIA GPU 0000:b3:00.0")
+                 "text": _clip(ev["text"] if derived else lines[ev["line"] - 1]),
+                 "xid": ev["code"], "device": ev["pci"], "action": action}
+        if derived:
+            entry["derived"] = True
+        matches.append(("xid-fatal" if xm.LEVEL_OF[action] == "fail" else "xid", entry))
+    return matches
+
+
 def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
     raw = line
-    if len(line) > MAX_CLASSIFY:    # a megabyte "line" (binary junk, a progress bar): its ends
-        half = MAX_CLASSIFY // 2
-        line = line[:half] + "\n" + line[-half:]
+    line = _ends(line, "\n")
     low = line.lower()        # cheap substring tests first: most lines match nothing
     hits = []
     if line.rstrip().endswith(":") and _ERROR_WORD.search(line) and not _TB_HEADER.match(line) \
@@ -534,14 +592,6 @@ def _classify_line(buckets, line: str, lineno: int, next_line) -> None:
     if ("nccl" in low or "watchdog" in low or "distbackend" in low or "gloo" in low) \
             and _is_nccl(line, low):
         hits.append(("nccl", None))
-    m = _XID.search(line) if "NVRM" in line else None
-    if m:
-        xid = int(m.group(2))
-        device = m.group(1)[4:] if m.group(1).startswith("PCI:") else m.group(1)
-        xm = load_xid()
-        action = xm.event_action({"kind": "xid", "code": xid, "text": line}) if xm else "monitor"
-        fatal = xm is not None and xm.LEVEL_OF[action] == "fail"
-        hits.append(("xid-fatal" if fatal else "xid", {"xid": xid, "device": device, "action": action}))
     if ("kill" in low or "-9" in low or "137" in low or "signal" in low or "out of memory" in low) \
             and _KILLED.search(line):
         hits.append(("killed", None))
@@ -594,6 +644,9 @@ def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
             key = "%d on %s" % (e["xid"], e["device"])
             counts[key] = counts.get(key, 0) + 1
         msg += " (Xid %s)" % ", ".join(k if c == 1 else "%s \u00d7%d" % (k, c) for k, c in counts.items())
+        derived = sum(1 for e in entries if e.get("derived"))
+        if derived:
+            msg += " (%d from the driver's \"fallen off the bus\" message, no Xid line)" % derived
         if load_xid() is None:
             msg += " (catalog not shipped)"
     msg += " \u2014 first at %s: %s" % (_where(first, where), _quote(first))
@@ -605,6 +658,8 @@ def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
 def _xid_actions(findings, buckets):
     """Each Xid finding's action: the worst of its Xids', after xid.py's rules across lines
     (48 with 63 or 64 on the same device: drain), over the lines kept of both Xid kinds."""
+    if not (buckets["xid-fatal"].count or buckets["xid"].count):
+        return                      # loads no xid.py or catalog (a compile and a parse)
     xm = load_xid()
     if xm is None:
         return
