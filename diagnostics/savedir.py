@@ -31,6 +31,7 @@ import secrets
 import stat
 from typing import Any, Callable, Iterable, Optional, TextIO
 
+from . import termination
 from .errors import InputError
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -183,8 +184,14 @@ class SaveDir:
 
     def write_text(self, name: str, write: Callable[[TextIO], None]) -> None:
         """``write(stream)`` into a temp file, then rename it over ``name`` (atomic: a reader
-        never sees half a file, an interrupted write leaves the old one)."""
+        never sees half a file, a failed write leaves the old one). A signal (Ctrl-C, TERM,
+        HUP) waits until the file is whole: otherwise one arriving just after the temp file
+        is made, before its name is kept here, would leave that ``.part`` file behind."""
         _check_entry_name(name)
+        with termination.held():
+            self._write_whole(name, write)
+
+    def _write_whole(self, name: str, write: Callable[[TextIO], None]) -> None:
         temp, fd = self._new_temp(name)
         try:
             # NOTE: backslashreplace: a stray lone surrogate in a target's text must not cost

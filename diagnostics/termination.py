@@ -7,19 +7,29 @@ every ``except KeyboardInterrupt`` / ``finally`` of the engine runs as for Ctrl-
 (connections closed, allocations released, what arrived saved) and the task layer exits
 128 + the signal's number (143, 129), as a shell reports a process killed by it.
 
-A second signal while that cleanup runs is ignored: cutting ``scancel`` short is what this is
-here to prevent (SIGKILL still ends the process).
+A second signal while that cleanup runs is ignored, a second Ctrl-C as a second TERM:
+cutting ``scancel`` short is what this is here to prevent (SIGKILL still ends the process).
+``held()`` goes one step further for the few steps that must not be cut in half even by the
+first signal (a Slurm reservation created and recorded, a node resumed and recorded, the
+window closed again): the signal waits until the block ends, then takes its usual path.
 """
 
 import contextlib
 import signal
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 from .errors import EXIT_INTERRUPTED, Interrupted
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                 if s is not None)
+
+
+def _caught() -> tuple:
+    """TERM, HUP, and INT unless it is ignored (a job started in the background by a
+    non-interactive shell: Python then installs no Ctrl-C handler either)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    return SIGNALS + (() if ignored else (signal.SIGINT,))
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,15 +66,21 @@ def interrupted(interrupt: BaseException, detail: Optional[str] = None) -> Inter
 
 
 class _Received:
-    """The first TERM/HUP of a task call (later ones are ignored)."""
+    """The first TERM/HUP/INT of a task call (later ones are ignored). ``signal``: the first
+    TERM/HUP as ``Terminated``; a first Ctrl-C raises a plain ``KeyboardInterrupt``."""
 
     def __init__(self) -> None:
         self.signal: Optional[Terminated] = None
+        self.interrupted = False
 
     def handler(self, signum, frame) -> None:
-        if self.signal is None:
-            self.signal = Terminated(signum)
-            raise self.signal
+        if self.interrupted:
+            return
+        self.interrupted = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = Terminated(signum)
+        raise self.signal
 
 
 @contextlib.contextmanager
@@ -76,9 +92,31 @@ def terminates_like_ctrl_c() -> Iterator[_Received]:
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
-    previous = {s: signal.signal(s, received.handler) for s in SIGNALS}
+    previous = {s: signal.signal(s, received.handler) for s in _caught()}
     try:
         yield received
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Within the block, TERM, HUP and INT wait: the block runs to its end (each of its
+    steps is bounded by its own timeout), then the first one held is raised again and takes
+    the path it would have taken (``Terminated``, Ctrl-C's ``KeyboardInterrupt``, or nothing
+    when it was a second one). When the block itself raises, what was held is dropped: the run
+    is ending already. Outside the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: List[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum))
+                for s in _caught()}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if pending:
+        signal.raise_signal(pending[0])

@@ -7,12 +7,14 @@ attacks as an unprivileged user against a root run on the lab.)"""
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 
 import pytest
 
+from diagnostics import termination
 from diagnostics.errors import InputError
 from diagnostics.savedir import SaveDir, result_file_name
 from tests.programs import mldiag
@@ -207,6 +209,30 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             save.write_text("r.md", broken)
     assert os.listdir(out) == ["r.md"] and (out / "r.md").read_text() == "old"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_as_the_temp_file_is_made_leaves_no_part_file(tmp_path, monkeypatch, sig):
+    """The signal arrives right after the temp file exists, before write_text knows its name
+    (issue 29 §4): it waits until the file is whole and renamed, then ends the run as usual;
+    no ``.part`` file is left and the file read back is the new one, complete."""
+    made = SaveDir._new_temp
+
+    def then_a_signal(self, name):
+        temp = made(self, name)
+        os.kill(os.getpid(), sig)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])     # a bytecode boundary for the handler
+        return temp
+    out = tmp_path / "out"
+    with SaveDir.open(str(out)) as save:
+        save.write_json("r.json", {"old": True})
+        monkeypatch.setattr(SaveDir, "_new_temp", then_a_signal)
+        with pytest.raises(KeyboardInterrupt) as caught:
+            with termination.terminates_like_ctrl_c():
+                save.write_json("r.json", {"new": list(range(1000))})
+    assert termination.exit_code_of(caught.value) == 128 + sig
+    assert os.listdir(out) == ["r.json"]
+    assert json.loads((out / "r.json").read_text()) == {"new": list(range(1000))}
 
 
 def test_result_file_names():

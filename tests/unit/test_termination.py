@@ -28,3 +28,61 @@ def test_a_signal_raises_terminated_once_then_handlers_come_back(sig, code, text
 def test_ctrl_c_keeps_its_own_code_and_words():
     assert termination.exit_code_of(KeyboardInterrupt()) == 130
     assert termination.describe(KeyboardInterrupt()) == "interrupted"
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT),
+                                           (signal.SIGINT, signal.SIGTERM),
+                                           (signal.SIGTERM, signal.SIGINT)])
+def test_after_the_first_signal_a_second_one_of_any_kind_is_ignored(first, second):
+    """A second Ctrl-C during cleanup is ignored as a second TERM is (issue 29 §4): the
+    cleanup (scancel, the window closed again) is not cut short."""
+    cleaned = []
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with termination.terminates_like_ctrl_c():
+            try:
+                os.kill(os.getpid(), first)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            finally:
+                os.kill(os.getpid(), second)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                cleaned.append(True)
+    assert cleaned == [True]
+    assert termination.exit_code_of(caught.value) == 128 + first
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A process started with SIGINT ignored (a background job of a script) keeps it so, as
+    Python itself does."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with termination.terminates_like_ctrl_c():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_held_block_runs_to_its_end_then_the_signal_takes_its_path(sig):
+    steps = []
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with termination.terminates_like_ctrl_c():
+            with termination.held():
+                os.kill(os.getpid(), sig)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                steps.append("after the signal")
+            steps.append("after the block")       # never: the signal is raised at its end
+    assert steps == ["after the signal"]
+    assert termination.exit_code_of(caught.value) == 128 + sig
+
+
+def test_a_held_block_that_raises_drops_what_it_held():
+    with termination.terminates_like_ctrl_c() as received:
+        with pytest.raises(ValueError):
+            with termination.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                raise ValueError("the block's own error")
+    assert received.signal is None
