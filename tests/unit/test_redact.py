@@ -385,6 +385,10 @@ def test_a_line_after_a_cut_off_key_is_kept_whole_even_when_it_starts_like_base6
     ("mysql -h db -u root -pMyPa55word training", "mysql -h db -u root -p<redacted> training"),
     ("sshpass -p MyPa55word ssh -p 2222 host", "sshpass -p <redacted> ssh -p 2222 host"),
     ("ssh -p 2222 host", "ssh -p 2222 host"),                       # not a password flag there
+    ("+ mysql -pS3cretPw db", "+ mysql -p<redacted> db"),             # set -x: not at the line start
+    ("mysql -e 'select 1'; curl -s x; mysql -pS3cretPw db",          # the last command decides
+     "mysql -e 'select 1'; curl -s x; mysql -p<redacted> db"),
+    ("mysql -e x; curl -s -pS3cretPw y", "mysql -e x; curl -s -pS3cretPw y"),   # curl's -p: proxytunnel
     ("curl -u alice:MyPa55word https://x", "curl -u alice:<redacted> https://x"),
     ("private_key: |\n  MIIEvQIB\n\n  BKcwggSj\nnext: 1", "private_key: |\n  <redacted>\nnext: 1"),
     ("  token: >-\n    abc\n  user: bob", "  token: >-\n    <redacted>\n  user: bob"),
