@@ -8,11 +8,22 @@ Two steps, so that the decision is made on results collected first and on Slurm'
   drain-level action: resumed if mldiag drained it), ``keep`` (failing below drain, or not
   checked), or ``skip`` (not a Slurm node: a target without ``slurm:`` settings).
 - ``run(steps, drain=, undrain=)``: per Slurm login host, one ``scontrol show node -o N1,N2,…``
-  through mldiag's own connection to it (what the node rows ran through, ``salloc``/``srun``),
-  then what the rules allow: a node drained or down with a Reason not starting ``mldiag:`` is
-  left alone; ``state=resume`` only for a Reason that does. Without ``drain``/``undrain`` (a dry
-  run) nothing is changed: the exact commands are returned as "would run". Each update is read
-  back with ``scontrol show node``, so what is reported is Slurm's state, not our hope.
+  and one ``id -un`` through mldiag's own connection to it (what the node rows ran through,
+  ``salloc``/``srun``), then what the rules allow: a node drained or down that is not ours
+  (``Owner.owns``) is left alone; ``state=resume`` only for one that is. Without
+  ``drain``/``undrain`` (a dry run) nothing is changed: the exact commands are returned as
+  "would run". Each update is read back with ``scontrol show node``, so what is reported is
+  Slurm's state, not our hope.
+
+Whose drain it is: the Reason names the login user mldiag ran as, ``mldiag: xid-79 (node-check
+by mlsh 2026-12-01T10:00Z)``, and Slurm appends the user who set it, ``[root@…]`` (unforgeable:
+slurmctld's own record of the caller's uid). A drain is ours when both agree with this run: the
+Reason's ``by USER`` is the login user (``id -un`` there) and Slurm's setter is the user our
+scontrol runs as (that user; ``root`` with ``become: sudo``, as ``sudo -n --`` runs). So another
+user's drain, a hand-written ``mldiag:`` Reason set by someone else, or a Reason naming us set
+by another account is left alone. A Reason of the old form (before the ``by USER`` part) is ours
+only when Slurm's setter is our scontrol user. A team sharing one service account shares one
+owner: each resumes the others' drains (which is what one account means to Slurm as well).
 
 How scontrol is reached: the login target's transport (ssh, its jumps) and, with
 ``become: sudo``, ``sudo -n`` — the chain of the rows without the ``srun`` step and the
@@ -54,8 +65,12 @@ DEFAULT_TIMEOUT = 30.0      # seconds per scontrol call
 _UNSAFE_CODE = re.compile(r"[^A-Za-z0-9_.-]")
 # scontrol's State word: IDLE, IDLE+DRAIN, MIXED+DRAIN, DOWN*+DRAIN, DOWN+NOT_RESPONDING, ...
 UNAVAILABLE = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}
-# the Reason runs to its " [user@time]" suffix (fields such as Comment= may follow it) or the end
-_REASON = re.compile(r"(?:^|\s)Reason=(.*?)(?:\s+\[[^\]\s@]*@[^\]\s]*\](?=\s|$)|\s*$)")
+# the Reason runs to Slurm's " [user@time]" suffix (fields such as Comment= may follow it) or the
+# end; the *last* such suffix: one inside someone else's Reason text must not pass for Slurm's
+_REASON_SET = re.compile(r"(?:^|\s)Reason=(.*)\s+\[([^\]\s@]*)@[^\]\s]*\](?=\s+\w+=|\s*$)")
+_REASON = re.compile(r"(?:^|\s)Reason=(.*?)\s*$")
+# ours: "mldiag: CODES (node-check by USER TIME)"; the old form: "... (node-check TIME)"
+_OWNER = re.compile(r" \(node-check by ([A-Za-z0-9_.-]+) \d{4}-\d\d-\d\dT\d\d:\d\dZ\)$")
 _FIELD = re.compile(r"(?:^|\s)(NodeName|State)=(\S*)")
 
 
@@ -94,17 +109,20 @@ def stamp(now: Optional[datetime.datetime] = None) -> str:
     return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def reason_text(codes: Sequence[str], when: str) -> str:
-    """``mldiag: xid-79, nvlink-down (node-check 2026-12-01T10:00Z)``, at most REASON_MAX
-    characters: codes that do not fit become ``+N more``."""
+def reason_text(codes: Sequence[str], when: str, user: str) -> str:
+    """``mldiag: xid-79, nvlink-down (node-check by mlsh 2026-12-01T10:00Z)``, at most
+    REASON_MAX characters: codes that do not fit become ``+N more``. ``user``: the login user
+    (a checked name), which says whose drain it is."""
+    if not NAME.fullmatch(user):
+        raise ValueError(f"not a plain user name: {user!r}")
     codes = list(codes) or ["node-check"]
-    tail = f" (node-check {when})"
+    tail = f" (node-check by {user} {when})"
     for keep in range(len(codes), 0, -1):
         shown = ", ".join(codes[:keep]) + (f", +{len(codes) - keep} more" if keep < len(codes) else "")
         text = f"{TAG} {shown}{tail}"
         if len(text) <= REASON_MAX:
             return text
-    return f"{TAG} {codes[0]}"[:REASON_MAX]
+    return f"{TAG} {codes[0]}"[:REASON_MAX - len(tail)] + tail
 
 
 # ------------------------------------------------------------------ planning (pure)
@@ -116,8 +134,13 @@ class DrainStep:
     want: str
     login: Optional[Target] = None   # the Slurm login target scontrol runs through
     node: Optional[str] = None       # the Slurm node name
-    reason: Optional[str] = None     # the Reason a drain writes
+    codes: Tuple[str, ...] = ()      # for drain: the codes its Reason names
+    when: str = ""                   # for drain: the check's time (``stamp``)
     why: str = ""                    # for keep/skip: one line
+
+    def reason(self, user: str) -> str:
+        """The Reason a drain writes, for the login user ``user``."""
+        return reason_text(self.codes, self.when, user)
 
 
 def _login_of(name: str, targets: Sequence[Target]) -> Tuple[Optional[Target], Optional[str]]:
@@ -152,7 +175,7 @@ def plan(results: Sequence[Result], targets: Sequence[Target],
             steps.append(DrainStep(r.target, "keep", login, node, why=f"not checked ({layer})"))
         elif action_rank(worst) >= DRAIN_RANK:
             steps.append(DrainStep(r.target, "drain", login, node,
-                                   reason=reason_text(drain_codes(r), when)))
+                                   codes=tuple(drain_codes(r)), when=when))
         elif r.status in ("ok", "warn"):
             steps.append(DrainStep(r.target, "resume", login, node))
         else:
@@ -168,6 +191,7 @@ class NodeState:
     name: str
     state: str                       # scontrol's State word, e.g. IDLE+DRAIN
     reason: Optional[str] = None     # the Reason text, without its [user@time] suffix
+    set_by: Optional[str] = None     # the user of that suffix: who set the Reason, says Slurm
 
     @property
     def unavailable(self) -> bool:
@@ -176,8 +200,31 @@ class NodeState:
         return bool(words & UNAVAILABLE)
 
     @property
-    def ours(self) -> bool:
+    def tagged(self) -> bool:
+        """The Reason starts with mldiag's tag (whoever wrote it: ``Owner.owns`` decides)."""
         return bool(self.reason) and self.reason.startswith(TAG)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who this run is on one login host: ``user``, the login user (``id -un``: the Reason's
+    ``by USER``), and ``writer``, the user our scontrol runs as (Slurm's ``[user@time]``)."""
+    user: str
+    writer: str
+
+    @classmethod
+    def of(cls, login: Target, user: str) -> "Owner":
+        # NOTE: `sudo -n --` without -u runs as root (sudoers' runas_default aside)
+        return cls(user, "root" if login.become else user)
+
+    def owns(self, state: NodeState) -> bool:
+        """Is ``state``'s Reason a drain of ours? (The module docstring gives the rule.)"""
+        if not state.tagged or state.set_by != self.writer:
+            return False
+        named = _OWNER.search(state.reason or "")
+        if named:
+            return named.group(1) == self.user
+        return "(node-check by " not in (state.reason or "")   # the old form (a garbled new one: no)
 
 
 def parse_show_node(text: str) -> Dict[str, NodeState]:
@@ -191,11 +238,19 @@ def parse_show_node(text: str) -> Dict[str, NodeState]:
         name = fields.get("NodeName")
         if not name:
             continue
-        reason = None
-        match = _REASON.search(line)
+        reason = set_by = None
+        match = _REASON_SET.search(line)
         if match:
-            reason = match.group(1).strip() or None
-        nodes[name] = NodeState(name, fields.get("State", ""), reason)
+            reason, set_by = match.group(1).strip() or None, match.group(2) or None
+        else:
+            match = _REASON.search(line)
+            reason = match.group(1).strip() or None if match else None
+        if name in nodes:
+            # NOTE: a second line for a node: a Reason that holds a newline and a forged line
+            # after it. Neither line can be believed, so the node is marked by someone else.
+            nodes[name] = NodeState(name, "UNKNOWN+DRAIN", "two lines for this node")
+            continue
+        nodes[name] = NodeState(name, fields.get("State", ""), reason, set_by)
     return nodes
 
 
@@ -253,10 +308,10 @@ class DrainOutcome:
                 "node": self.node, "before": state(self.before), "after": state(self.after)}
 
 
-def decide(step: DrainStep, state: Optional[NodeState]) -> DrainOutcome:
-    """What the rules allow for ``step`` given Slurm's ``state`` of its node (pure). A command
-    comes back as status ``would-run``; ``run`` turns it into ``ran``/``failed`` when its flag
-    was given."""
+def decide(step: DrainStep, state: Optional[NodeState], owner: Optional[Owner]) -> DrainOutcome:
+    """What the rules allow for ``step`` given Slurm's ``state`` of its node and who this run
+    is on its login host (pure; ``owner`` None only for a skip). A command comes back as status
+    ``would-run``; ``run`` turns it into ``ran``/``failed`` when its flag was given."""
     base = dict(target=step.target, login=step.login.name if step.login else None,
                 node=step.node, before=state)
     if step.want == "skip":
@@ -266,26 +321,27 @@ def decide(step: DrainStep, state: Optional[NodeState]) -> DrainOutcome:
                             f"(scontrol show node on {base['login']} does not know {step.node})",
                             **base)
     shown = f"State={state.state}" + (f", Reason={_clip(state.reason)}" if state.reason else "")
-    if not state.ours and (state.reason or state.unavailable):
+    ours = owner is not None and owner.owns(state)
+    if not ours and (state.reason or state.unavailable):
         if step.want in ("drain", "resume") or state.unavailable:
             return DrainOutcome(status="left-alone", message=f"left alone: {_by_someone(state)} "
                                 f"({shown})", **base)
         return DrainOutcome(status="nothing", message="", **base)
     if step.want == "drain":
-        if state.ours and state.unavailable:
+        if ours and state.unavailable:
             return DrainOutcome(status="nothing", message=f"already drained by mldiag ({shown})",
                                 **base)
-        line = update_line(step.node, "drain", step.reason)
+        line = update_line(step.node, "drain", step.reason(owner.user))
         return DrainOutcome(status="would-run", message="drain", flag="--drain", line=line,
                             command=command_text(step.login, line), **base)
     if step.want == "resume":
-        if state.ours and state.unavailable:
+        if ours and state.unavailable:
             line = update_line(step.node, "resume")
             return DrainOutcome(status="would-run", message="resume", flag="--undrain",
                                 line=line, command=command_text(step.login, line), **base)
         return DrainOutcome(status="nothing", message="", **base)
     # keep: failing below drain, or not checked
-    if state.ours and state.unavailable:
+    if ours and state.unavailable:
         return DrainOutcome(status="nothing", message=f"stays drained: {step.why} ({shown})",
                             **base)
     return DrainOutcome(status="nothing", message="", **base)
@@ -299,7 +355,9 @@ def _by_someone(state: NodeState) -> str:
     words = {w.strip("*~#!%$@^-") for w in state.state.upper().split("+")}
     what = "drained" if words & {"DRAIN", "DRAINED", "DRAINING"} else \
         "down" if words & {"DOWN", "FAIL", "FAILING"} else "marked"
-    return f"{what} by someone else"
+    # a Reason with mldiag's tag left alone: say who set it (the rule compares that too)
+    setter = f", set by {state.set_by}" if state.tagged and state.set_by else ""
+    return f"{what} by someone else{setter}"
 
 
 # ------------------------------------------------------------------ running
@@ -324,6 +382,15 @@ def run_on_login(transport: Transport, argv: List[str], payload: bytes, timeout:
         return out.exit_code, stdout, (f"exit {out.exit_code}: "
                                        f"{first_line(stderr) or first_line(stdout) or 'no message'}")
     return 0, stdout, None
+
+
+def whoami(login: Target, transport: Transport, timeout: float) -> Tuple[Optional[Owner], str]:
+    """(who this run is on the login host, or None; the problem when None)."""
+    _, who, problem = run_on_login(transport, ["id", "-un"], b"", timeout)
+    user = who.strip()
+    if problem or not NAME.fullmatch(user):
+        return None, f"cannot tell which user mldiag runs as: {problem or repr(user[:40])}"
+    return Owner.of(login, user), ""
 
 
 def node_states(transport: Transport, nodes: Sequence[str], timeout: float
@@ -357,7 +424,7 @@ def run(steps: Sequence[DrainStep], *, drain: bool = False, undrain: bool = Fals
     by_login: Dict[str, List[int]] = {}
     for i, step in enumerate(steps):
         if step.login is None:
-            outcomes[i] = decide(step, None)
+            outcomes[i] = decide(step, None, None)
         else:
             by_login.setdefault(step.login.name.partition(":")[0], []).append(i)
     try:
@@ -399,7 +466,10 @@ def _decide_and_apply(login: Target, transport: Transport, steps: List[DrainStep
     if problem:
         return [_error(s, f"cannot read the node's Slurm state on {login.name}: {problem}")
                 for s in steps]
-    outcomes = [decide(s, states.get(s.node)) for s in steps]
+    owner, problem = whoami(login, transport, timeout)
+    if owner is None:
+        return [_error(s, f"{login.name}: {problem}") for s in steps]
+    outcomes = [decide(s, states.get(s.node), owner) for s in steps]
     touched = []
     for outcome in outcomes:
         if outcome.status != "would-run" or not (

@@ -15,17 +15,19 @@ only the client can do with all the answers together (issue 12):
 Bad input (a baseline file that is not one, both --drain and --undrain, a bad --dcgm-level,
 a --prom name not ending in .prom) is refused before anything connects. A Slurm command that
 fails (no rights, the login host gone) makes the exit code at least 3: the drain a user asked
-for did not happen.
+for did not happen. Each output is its own: a ``--save-baseline`` or ``--prom`` file that cannot
+be written (whatever the reason) is said, naming the file, with exit code at least 3, and the
+outputs after it (the Slurm step) still run.
 """
 
 import io
 import sys
-from typing import List, Optional, Sequence, Set, TextIO
+from typing import Callable, List, Optional, Sequence, Set, TextIO, Tuple
 
 from . import baseline as baseline_mod, cli, drain as drain_mod, jobs, node_view, prom as prom_mod
-from . import results as results_mod, undrain as undrain_mod
+from . import results as results_mod, termination, undrain as undrain_mod
 from .hops.ssh import SshPool
-from .errors import EXIT_ERROR, InputError
+from .errors import EXIT_ERROR, InputError, MldiagError
 from .outcome import Outcome
 from .render import safe_text
 from .results import Result
@@ -67,22 +69,32 @@ def execute(opts: cli.Options, values: dict, *, save_baseline: Optional[str] = N
         outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
         return finish(opts, outcome, save_baseline, prom, drain=drain, out=out)
     # --undrain: the nodes mldiag drained are checked inside a maintenance reservation
-    # (undrain.py); whatever happens during the check, the window is closed after it
+    # (undrain.py); whatever happens while it opens or during the check (an error, a signal),
+    # what was opened is closed, and the closing is not cut short by a signal (it is held)
     targets = cli.select_targets(opts)
     run_timeout = cli.parse_positive_number("--timeout", opts.timeout)
     pool = SshPool()
+    windows: List[undrain_mod.Window] = []
+    outcome: Optional[Outcome] = None
+    ended: Optional[BaseException] = None
     try:
-        run_on, windows, opened = undrain_mod.open_windows(
-            targets, lambda t: run_timeout or job(t).timeout or t.timeout, pool=pool)
-        try:
-            outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions,
-                                  amend=amend, targets=run_on)
-        except BaseException:
-            undrain_mod.close_windows(windows, None, pool=pool)
-            raise
-        closed = undrain_mod.close_windows(windows, outcome.results, pool=pool)
+        run_on, opened = undrain_mod.open_windows(
+            targets, lambda t: run_timeout or job(t).timeout or t.timeout, windows, pool=pool)
+        outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions,
+                              amend=amend, targets=run_on)
+    except BaseException as exc:
+        ended = exc
+        raise
     finally:
-        pool.close()
+        checked = outcome.results if outcome is not None and ended is None else None
+        try:
+            with termination.held():
+                closed = undrain_mod.close_windows(windows, checked, pool=pool)
+                if ended is not None and closed:   # the run's error follows: say these first
+                    sys.stderr.write("".join(f"mldiag: {line}\n"
+                                             for line in drain_mod.lines(closed)))
+        finally:
+            pool.close()
     in_window = {o.target for o in closed}
     return finish(opts, outcome, save_baseline, prom, undrain=True, out=out,
                   opened=opened, closed=closed, in_window=in_window)
@@ -92,12 +104,38 @@ def finish(opts: cli.Options, outcome: Outcome, save_baseline: Optional[str],
            prom: Optional[str], *, out: TextIO, drain: bool = False, undrain: bool = False,
            opened: Sequence[str] = (), closed: Sequence[drain_mod.DrainOutcome] = (),
            in_window: Set[str] = frozenset()) -> Outcome:
+    # each output is its own: one that fails is said after the others have run
+    results = outcome.results
+    problems = []
     if save_baseline:
-        baseline_mod.save(save_baseline, outcome.results)
+        problems.append(_written("--save-baseline", save_baseline,
+                                 lambda: baseline_mod.save(save_baseline, results)))
     if prom:
-        prom_mod.write(prom, outcome.results)
-    return slurm(opts, outcome, drain=drain, undrain=undrain, out=out, opened=opened,
-                 closed=closed, in_window=in_window)
+        problems.append(_written("--prom", prom, lambda: prom_mod.write(prom, results)))
+    problems = [problem for problem in problems if problem]
+    outcome = slurm(opts, outcome, drain=drain, undrain=undrain, out=out, opened=opened,
+                    closed=closed, in_window=in_window)
+    if not problems:
+        return outcome
+    return Outcome(outcome.results, max([outcome.exit_code, EXIT_ERROR] + [c for c, _ in problems]),
+                   outcome.messages + tuple(message for _, message in problems))
+
+
+def _written(flag: str, path: str, write: Callable[[], None]) -> Optional[Tuple[int, str]]:
+    """Run ``write()``; (exit code, a message naming ``flag`` and ``path``) when it failed,
+    else None. Any failure: a file the system refuses (a directory in the way, a full disk) or
+    a value the writer cannot take, which is a bug of ours (named so, its traceback saved)."""
+    try:
+        write()
+    except MldiagError as exc:   # the writer's own words, which name the file
+        text = str(exc)
+        return exc.exit_code, text if path in text else f"{flag} {path}: {text}"
+    except OSError as exc:
+        return EXIT_ERROR, f"{flag} {path}: not written: {exc.strerror or exc}"
+    except Exception as exc:
+        bug = cli.internal_error(exc)[len("mldiag: "):]
+        return EXIT_ERROR, f"{flag} {path}: not written: {bug}"
+    return None
 
 
 def slurm(opts: cli.Options, outcome: Outcome, *, drain: bool, undrain: bool, out: TextIO,

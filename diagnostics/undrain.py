@@ -5,7 +5,7 @@ allocation; and resuming it first would let any queued job land on a node that m
 broken. The window closes that gap, as an admin does by hand:
 
 1. ``open_windows``: per Slurm login target, ``scontrol show node -o`` (every node: which are
-   drained by mldiag, i.e. their Reason starts ``mldiag:``, within the target's nodelist or
+   drained by mldiag as this user, ``drain.Owner.owns``, within the target's nodelist or
    partition); for those, ``scontrol create reservation`` (``flags=maint,ignore_jobs``, for the
    one user the check's ``salloc`` runs as -- the login user: ``become`` applies on the nodes
    -- for the check's time) and then ``state=resume``:
@@ -18,6 +18,12 @@ broken. The window closes that gap, as an admin does by hand:
    check) drains every node of the window again with its old reason: a node is never left
    resumed without a check it passed.
 
+Signals (Ctrl-C, TERM, HUP) at any point: ``open_windows`` records each window in the caller's
+list as soon as its reservation exists and each node as soon as it is resumed (the scontrol
+call and its record are one step, ``termination.held``), so the caller's ``finally`` can close
+whatever was opened; the closing itself runs held, so neither a first nor a second signal cuts
+it short (node_check_run.execute).
+
 Each command goes to scontrol's stdin reader, as ``drain.py`` does (its module docstring says
 why); every state reported is read back from ``scontrol show node``.
 """
@@ -29,8 +35,8 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import drain as drain_mod
-from .drain import DrainOutcome, NodeState
+from . import drain as drain_mod, termination
+from .drain import DrainOutcome, NodeState, Owner
 from .hops import transport_for
 from .hops.base import Transport, TransportError
 from .hops.slurm import node_names
@@ -50,6 +56,7 @@ class Window:
     name: str                        # the reservation: ``mldiag-undrain-<hex>``
     nodes: List[str]                 # resumed inside the reservation, to be checked
     before: Dict[str, NodeState]     # their state before (the old Reason, restored on failure)
+    owner: Owner                     # who this run is there (the Reason of a drain again)
     opened: List[str] = field(default_factory=list)   # commands run to open it, as shown
 
 
@@ -68,15 +75,16 @@ def partitions_of(text: str) -> Dict[str, List[str]]:
     return found
 
 
-def drained_by_us(text: str, slurm) -> List[str]:
-    """The nodes of ``scontrol show node -o``'s answer drained by mldiag, within the target's
-    nodelist (when it has one) and partition (when it names one); plain names only."""
+def drained_by_us(text: str, slurm, owner: Owner) -> List[str]:
+    """The nodes of ``scontrol show node -o``'s answer drained by mldiag as ``owner``, within
+    the target's nodelist (when it has one) and partition (when it names one); plain names
+    only."""
     states = drain_mod.parse_show_node(text)
     partitions = partitions_of(text)
     wanted = set(node_names(slurm) or ())
     nodes = []
     for name, state in states.items():
-        if not (NAME.fullmatch(name) and state.ours and state.unavailable):
+        if not (NAME.fullmatch(name) and owner.owns(state) and state.unavailable):
             continue
         if wanted and name not in wanted:
             continue
@@ -114,33 +122,33 @@ def _scontrol(login: Target, transport: Transport, line: str, timeout: float) ->
     return problem
 
 
-def open_windows(targets: Sequence[Target], job_timeout, *, pool: Optional[SshPool] = None,
-                 timeout: float = drain_mod.DEFAULT_TIMEOUT,
+def open_windows(targets: Sequence[Target], job_timeout, windows: List[Window], *,
+                 pool: Optional[SshPool] = None, timeout: float = drain_mod.DEFAULT_TIMEOUT,
                  transport: Optional[drain_mod.TransportFor] = None
-                 ) -> Tuple[List[Target], List[Window], List[str]]:
-    """(the targets to run on, the windows opened, lines to show). ``job_timeout(target)``:
-    the check's timeout on that target, which sizes the reservation. ``transport``: how a
-    login target is reached (default: ``hops.transport_for`` on ``pool``)."""
+                 ) -> Tuple[List[Target], List[str]]:
+    """(the targets to run on, lines to show); each window opened is added to ``windows`` as
+    it opens (the caller closes them, however this ends: the module docstring).
+    ``job_timeout(target)``: the check's timeout on that target, which sizes the reservation.
+    ``transport``: how a login target is reached (default: ``hops.transport_for`` on
+    ``pool``)."""
     transport_of = transport or (lambda t: transport_for(t, pool))
     run_on: List[Target] = []
-    windows: List[Window] = []
     shown: List[str] = []
     for target in targets:
         if target.slurm is None:
             run_on.append(target)
             continue
-        window, lines = _open(target, job_timeout(target), transport_of, timeout)
+        window, lines = _open(target, job_timeout(target), transport_of, timeout, windows)
         shown += lines
         if window is None:
             run_on.append(target)
         else:
-            windows.append(window)
             run_on.append(narrowed(window, job_minutes(job_timeout(target))))
-    return run_on, windows, shown
+    return run_on, shown
 
 
-def _open(target: Target, check_timeout: float, transport_of, timeout: float
-          ) -> Tuple[Optional[Window], List[str]]:
+def _open(target: Target, check_timeout: float, transport_of, timeout: float,
+          windows: List[Window]) -> Tuple[Optional[Window], List[str]]:
     base = target.name.partition(":")[0]
     try:
         transport = transport_of(target)
@@ -149,38 +157,43 @@ def _open(target: Target, check_timeout: float, transport_of, timeout: float
     _, text, problem = drain_mod.run_on_login(transport, ["scontrol", "show", "node", "-o"], b"", timeout)
     if problem:
         return None, [f"{base}: --undrain: scontrol show node: {problem}"]
-    nodes = drained_by_us(text, target.slurm)
+    # salloc runs as the login user itself (``become`` applies on the nodes, inside srun);
+    # the same user says which drains are ours
+    owner, problem = drain_mod.whoami(target, transport, timeout)
+    if owner is None:
+        return None, [f"{base}: --undrain: {problem}"]
+    nodes = drained_by_us(text, target.slurm, owner)
     if not nodes:
-        return None, [f"{base}: --undrain: no node drained by mldiag"]
+        return None, [f"{base}: --undrain: no node drained by mldiag as {owner.user}"]
     before = {n: s for n, s in drain_mod.parse_show_node(text).items() if n in nodes}
-    # salloc runs as the login user itself (``become`` applies on the nodes, inside srun)
-    _, who, problem = drain_mod.run_on_login(transport, ["id", "-un"], b"", timeout)
-    user = who.strip()
-    if problem or not NAME.fullmatch(user):
-        return None, [f"{base}: --undrain: cannot tell which user salloc runs as: "
-                      f"{problem or repr(user[:40])}"]
     name = reservation_name()
-    line = reservation_line(name, nodes, user, job_minutes(check_timeout))
-    problem = _scontrol(target, transport, line, timeout)
+    line = reservation_line(name, nodes, owner.user, job_minutes(check_timeout))
+    window = Window(target, base, name, [], before, owner, [drain_mod.command_text(target, line)])
+    with termination.held():     # the reservation exists exactly when the caller knows it
+        problem = _scontrol(target, transport, line, timeout)
+        if not problem:
+            windows.append(window)
     if problem:
         return None, [f"{base}: --undrain: no maintenance reservation, {','.join(nodes)} stay "
                       f"drained unchecked: scontrol failed ({problem}): "
                       f"{drain_mod.command_text(target, line)}"]
-    window = Window(target, base, name, [], before,
-                    [drain_mod.command_text(target, line)])
-    lines = [f"{base}: maintenance reservation {name} for {','.join(nodes)} (user {user}): "
-             f"{window.opened[0]}"]
+    lines = [f"{base}: maintenance reservation {name} for {','.join(nodes)} "
+             f"(user {owner.user}): {window.opened[0]}"]
     for node in nodes:
         resume = drain_mod.update_line(node, "resume")
-        problem = _scontrol(target, transport, resume, timeout)
+        with termination.held():     # a resumed node is one the caller drains again
+            problem = _scontrol(target, transport, resume, timeout)
+            if not problem:
+                window.nodes.append(node)
         if problem:
             lines.append(f"{base}:{node}: stays drained unchecked: resume failed ({problem})")
         else:
-            window.nodes.append(node)
             lines.append(f"{base}:{node}: resumed inside {name} for the check: "
                          f"{drain_mod.command_text(target, resume)}")
-    if not window.nodes:
-        _scontrol(target, transport, f"delete reservationname={name}", timeout)
+    if not window.nodes:     # nothing to check: the reservation goes now (else the caller's)
+        with termination.held():
+            if not _scontrol(target, transport, f"delete reservationname={name}", timeout):
+                windows.remove(window)
         return None, lines
     return window, lines
 
@@ -227,9 +240,9 @@ def _close(window: Window, by_target: Dict[str, Result], aborted: bool, transpor
                                              login, drain_mod.update_line(node, "resume")), **base))
             continue
         if step.want == "drain":
-            reason, message = step.reason, "drained again"
+            reason, message = step.reason(window.owner.user), "drained again"
         else:
-            reason, message = _restorable(old, now), f"stays drained: {step.why}"
+            reason, message = _restorable(old, now, window.owner.user), f"stays drained: {step.why}"
         line = drain_mod.update_line(node, "drain", reason)
         problem = _scontrol(login, transport, line, timeout)
         outcomes.append(DrainOutcome(status="failed" if problem else "ran",
@@ -250,12 +263,13 @@ def _close(window: Window, by_target: Dict[str, Result], aborted: bool, transpor
     return outcomes
 
 
-def _restorable(reason: str, now) -> str:
+def _restorable(reason: str, now, user: str) -> str:
     """The old Reason when scontrol's safe alphabet allows it back, else a fresh tag (the old
     one came from Slurm: it is not trusted onto scontrol's reader unchecked)."""
+    fresh = drain_mod.reason_text([], drain_mod.stamp(now), user)
     try:
         drain_mod.update_line("x", "drain", reason)
-        return reason if reason.startswith(drain_mod.TAG) else drain_mod.reason_text([], drain_mod.stamp(now))
+        return reason if reason.startswith(drain_mod.TAG) else fresh
     except ValueError:
-        return drain_mod.reason_text([], drain_mod.stamp(now))
+        return fresh
 

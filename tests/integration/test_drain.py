@@ -35,7 +35,7 @@ hosts:
   box: {address: main}
 """
 NOW = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
-REASON = "mldiag: xid-79, nvlink-down (node-check 2026-12-01T10:00Z)"
+REASON = "mldiag: xid-79, nvlink-down (node-check by mlsh 2026-12-01T10:00Z)"
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,61 @@ def test_without_slurm_rights_the_update_fails_visibly_and_nothing_changes(topo,
     assert o.status == "failed" and drain.failed(outcomes)
     assert o.message.startswith("scontrol failed (exit 1: "), o.message
     assert o.command == ('scontrol update nodename=n1 state=drain '
-                         'reason="mldiag: xid-79 (node-check 2026-12-01T10:00Z)"')
+                         'reason="mldiag: xid-79 (node-check by mlsh 2026-12-01T10:00Z)"')
+
+
+# ------------------------------------------------------------ hostile text, whose drain (issue 29 §4)
+
+HOSTILE = ['xid-79"\nupdate nodename=n3 state=drain reason="mldiag: forged',
+           "nodename=n4 state=drain", 'reason="mldiag: x" ; scontrol update nodename=n1',
+           "'; reboot; '", "`id`$(id)\\", "x\rnodename=n1 reason=mldiag:\u2028"]
+
+
+def test_a_targets_text_cannot_change_which_node_is_drained_nor_forge_the_tag(topo, cluster):
+    """n2's result (a document as a target sends it) carries codes and messages made to look
+    like scontrol's syntax and mldiag's tag: n2 alone is drained, with a Reason of mldiag's own
+    form that names the login user; no other node changes."""
+    doc = {"diagnostic": "node-check", "target": "cluster-a:n2", "status": "fail", "summary": "",
+           "findings": [{"level": "fail", "code": code, "message": code + " " + code[::-1],
+                         "action": "drain"} for code in HOSTILE]}
+    results = [result("cluster-a:n1"), Result.from_dict(doc), result("cluster-a:n3"),
+               result("cluster-a:n4")]
+    outcomes = check(topo, ["cluster-a"], results, drain=True)
+    assert [o.status for o in outcomes] == ["nothing", "ran", "nothing", "nothing"]
+    state, why = slurm_state(cluster, "n2")
+    assert state == "IDLE+DRAIN"
+    assert re.fullmatch(r"mldiag: [A-Za-z0-9_.-]+(, [A-Za-z0-9_.-]+)*(, \+\d+ more)? "
+                        r"\(node-check by mlsh 2026-12-01T10:00Z\)", why), why
+    assert len(why) <= drain.REASON_MAX
+    for node in ("n1", "n3", "n4"):
+        assert slurm_state(cluster, node) == ("IDLE", None)
+
+
+def test_whose_drain_it_is_another_users_tagged_drain_is_left_alone(topo, cluster):
+    """Drains that use mldiag's tag but are not this run's: another user's (`by alice`) is
+    left alone by --undrain, ours (`by mlsh`, set by root as our `sudo -n -- scontrol` is)
+    is resumed. Through the target without sudo (scontrol as mlsh), the same Reasons set by
+    root are not ours either: Slurm's own record says who set them."""
+    theirs = "mldiag: xid-79 (node-check by alice 2026-11-30T09:00Z)"
+    ours = "mldiag: xid-79 (node-check by mlsh 2026-11-30T09:00Z)"
+    old = "mldiag: xid-79 (node-check 2026-11-30T09:00Z)"
+    for node, reason in (("n2", theirs), ("n3", ours), ("n4", old)):
+        cluster.cmd("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}",
+                    check=True)
+    passing = [result(f"cluster-a:n{i}") for i in range(1, 5)]
+    dry = check(topo, ["cluster-nosudo"], [result(f"cluster-nosudo:n{i}") for i in range(1, 5)])
+    assert drain.commands(dry) == []
+    assert [o.message for o in dry if o.status == "left-alone"] == [
+        f"left alone: drained by someone else, set by root (State=IDLE+DRAIN, Reason={reason})"
+        for reason in (theirs, ours, old)]
+    outcomes = check(topo, ["cluster-a"], passing, undrain=True)
+    assert drain.commands(outcomes) == ["sudo -n -- scontrol update nodename=n3 state=resume",
+                                        "sudo -n -- scontrol update nodename=n4 state=resume"]
+    assert slurm_state(cluster, "n2") == ("IDLE+DRAIN", theirs)
+    assert settled_state(cluster, "n3") == ("IDLE", None)
+    assert settled_state(cluster, "n4") == ("IDLE", None)
+    assert ("cluster-a:n2: left alone: drained by someone else, set by root (State=IDLE+DRAIN, "
+            f"Reason={theirs})") in drain.lines(outcomes)
 
 
 # ------------------------------------------------------------ through the task: mldiag node-check
@@ -219,7 +273,7 @@ def test_the_task_prints_the_drain_it_would_run_then_drains_with_the_tagged_reas
     out = dry.stdout
     assert out.splitlines()[1].split()[:2] == ["cluster-a:n2", "fail"], out
     assert "\nACTION  TARGETS       WHY\ndrain   cluster-a:n2  xid-48\n" in out, out
-    reason = re.search(r'reason="(mldiag: xid-48 \(node-check \d{4}-\d\d-\d\dT\d\d:\d\dZ\))"', out)
+    reason = re.search(r'reason="(mldiag: xid-48 \(node-check by mlsh \d{4}-\d\d-\d\dT\d\d:\d\dZ\))"', out)
     assert reason, out
     assert out.endswith(
         "\nSlurm:\n  cluster-a:n2: --drain would run: sudo -n -- scontrol update nodename=n2 "
@@ -231,7 +285,7 @@ def test_the_task_prints_the_drain_it_would_run_then_drains_with_the_tagged_reas
     [doc] = json.loads(done.stdout)                            # stdout stays the JSON document
     assert doc["target"] == "cluster-a:n2" and doc["data"]["worst_action"] == "drain"
     state, why = slurm_state(cluster, "n2")
-    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check \S+Z\)", why), why
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check by mlsh \S+Z\)", why), why
     assert f"mldiag: cluster-a:n2: drained (now State=IDLE+DRAIN): sudo -n -- scontrol update " \
            f'nodename=n2 state=drain reason="{why}"' in done.stderr, done.stderr
     for node in ("n1", "n3", "n4"):
@@ -280,7 +334,7 @@ def test_undrain_checks_our_drained_node_inside_a_maintenance_window(lab, topo, 
     assert r.returncode == 2, r.stdout + r.stderr
     assert [d["target"] for d in json.loads(r.stdout)] == ["cluster-a:n2"]
     state, why = slurm_state(cluster, "n2")
-    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check \S+Z\)", why), why
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check by mlsh \S+Z\)", why), why
     assert re.search(r"mldiag: cluster-a:n2: drained again \(now State=IDLE\+DRAIN\): sudo -n -- "
                      r'scontrol update nodename=n2 state=drain reason="mldiag: xid-48 ', r.stderr), r.stderr
     assert reservations(cluster) == "No reservations in the system"
@@ -292,7 +346,7 @@ def test_undrain_with_nothing_of_ours_drained_checks_the_target_as_usual(lab, to
                "--no-color", "--kernel-log-file", str(clean), "--undrain")
     assert r.returncode in (0, 1), r.stdout + r.stderr
     assert r.stdout.splitlines()[1].split()[0] == "cluster-a:n[1-2]", r.stdout
-    assert r.stdout.endswith("\nSlurm:\n  cluster-a: --undrain: no node drained by mldiag\n"
+    assert r.stdout.endswith("\nSlurm:\n  cluster-a: --undrain: no node drained by mldiag as mlsh\n"
                              "  nothing to drain or resume\n"), r.stdout
     for node in ("n1", "n2"):
         assert slurm_state(cluster, node) == ("IDLE", None)

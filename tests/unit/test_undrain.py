@@ -25,6 +25,9 @@ SHOW = "\n".join([
 ]) + "\n"
 
 
+OWNER = drain.Owner("mlsh", "root")     # login(): become sudo, so scontrol runs as root
+
+
 def login(**slurm):
     return Target(name="cluster-a", host=SshHost(name="cluster-a", address="login.a"),
                   become="sudo", slurm=Slurm(**slurm))
@@ -37,7 +40,7 @@ def login(**slurm):
     (dict(nodes=1, nodelist="n1"), []),
 ])
 def test_a_window_takes_only_nodes_mldiag_drained_within_the_target(slurm, nodes):
-    assert undrain.drained_by_us(SHOW, Slurm(**slurm)) == nodes
+    assert undrain.drained_by_us(SHOW, Slurm(**slurm), OWNER) == nodes
 
 
 def test_the_reservation_is_maintenance_for_one_user_and_outlasts_the_check():
@@ -54,7 +57,7 @@ def test_the_reservation_is_maintenance_for_one_user_and_outlasts_the_check():
 
 def test_the_check_runs_on_the_window_nodes_inside_the_reservation():
     target = login(partition="gpu", nodes=4, account="ml")
-    window = undrain.Window(target, "cluster-a", "mldiag-undrain-0a1b2c3d", ["n2", "n4"], {})
+    window = undrain.Window(target, "cluster-a", "mldiag-undrain-0a1b2c3d", ["n2", "n4"], {}, OWNER)
     narrow = undrain.narrowed(window, 6)
     assert narrow.name == "cluster-a" and narrow.become == "sudo"
     assert salloc_argv(narrow.slurm, 30, "mldiag-x") == [
@@ -65,11 +68,11 @@ def test_the_check_runs_on_the_window_nodes_inside_the_reservation():
 
 def test_an_old_reason_goes_back_only_when_it_is_ours_and_safe():
     now = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
-    fresh = "mldiag: node-check (node-check 2026-12-01T12:00Z)"
-    assert undrain._restorable(OURS, now) == OURS
-    assert undrain._restorable('mldiag: x" state=resume', now) == fresh
-    assert undrain._restorable("mldiag: $(reboot)", now) == fresh
-    assert undrain._restorable("someone's words", now) == fresh
+    fresh = "mldiag: node-check (node-check by mlsh 2026-12-01T12:00Z)"
+    assert undrain._restorable(OURS, now, "mlsh") == OURS
+    assert undrain._restorable('mldiag: x" state=resume', now, "mlsh") == fresh
+    assert undrain._restorable("mldiag: $(reboot)", now, "mlsh") == fresh
+    assert undrain._restorable("someone's words", now, "mlsh") == fresh
 
 
 def test_partitions_are_read_per_node():
@@ -127,8 +130,9 @@ def node_result(target, status, *codes_actions):
 
 
 def opened(fake, target):
-    run_on, windows, lines = undrain.open_windows([target, PLAIN], lambda t: 300.0,
-                                                  transport=lambda t: fake)
+    windows = []
+    run_on, lines = undrain.open_windows([target, PLAIN], lambda t: 300.0, windows,
+                                         transport=lambda t: fake)
     return run_on, windows, lines
 
 
@@ -159,7 +163,8 @@ def test_a_window_reserves_resumes_and_narrows_then_keeps_only_what_passed():
         ("cluster-a:n2", "ran", f"resumed: passed the check in {window.name}"),
         ("cluster-a:n4", "ran", "drained again")]
     assert fake.states["n2"] == ("IDLE", None)
-    assert fake.states["n4"] == ("IDLE+DRAIN", "mldiag: ib-port-down (node-check 2026-12-01T12:00Z)")
+    assert fake.states["n4"] == ("IDLE+DRAIN",
+                                "mldiag: ib-port-down (node-check by mlsh 2026-12-01T12:00Z)")
     assert fake.reservations == set()
     assert out[1].after.state == "IDLE+DRAIN"
 
@@ -209,5 +214,5 @@ def test_a_reservation_left_behind_is_a_failed_outcome():
 def test_nothing_of_ours_drained_no_window():
     fake = WindowLogin({"n1": ("IDLE", None), "n3": ("IDLE+DRAIN", "bad fan, ticket 42")})
     run_on, windows, lines = opened(fake, login(nodes=2))
-    assert windows == [] and lines == ["cluster-a: --undrain: no node drained by mldiag"]
-    assert [c[0] for c in fake.calls] == [["scontrol", "show", "node", "-o"]]
+    assert windows == [] and lines == ["cluster-a: --undrain: no node drained by mldiag as mlsh"]
+    assert [c[0] for c in fake.calls] == [["scontrol", "show", "node", "-o"], ["id", "-un"]]
