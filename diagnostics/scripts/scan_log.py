@@ -657,7 +657,9 @@ def _finding(kind: str, bucket: _Bucket, where: str) -> dict:
 
 def _xid_actions(findings, buckets):
     """Each Xid finding's action: the worst of its Xids', after xid.py's rules across lines
-    (48 with 63 or 64 on the same device: drain), over the lines kept of both Xid kinds."""
+    (48 with 63 or 64 on the same device: drain), over the lines kept of both Xid kinds. A rule
+    that makes a line's Xid fatal is the fatal finding's only: an NVLink5 Xid graded by its
+    line (149 Nonfatal on one GPU, Fatal on another) stays a warning beside its fatal kin."""
     if not (buckets["xid-fatal"].count or buckets["xid"].count):
         return                      # loads no xid.py or catalog (a compile and a parse)
     xm = load_xid()
@@ -665,13 +667,15 @@ def _xid_actions(findings, buckets):
         return
     events = [{"kind": "xid", "code": e["xid"], "pci": e["device"], "text": e["text"], "line": e["line"],
                "time": None} for k in ("xid-fatal", "xid") for e in buckets[k].entries()]
-    by_code = {}
+    by_code = {"xid-fatal": {}, "xid": {}}       # finding -> {Xid: worst action of its level}
     for f in xm.classify(events, []):
         code = int(f["code"].split("-", 1)[1])
-        by_code[code] = xm.worst_action([by_code.get(code, "none"), f["action"]])
+        of_level = by_code["xid-fatal" if f["level"] == "fail" else "xid"]
+        of_level[code] = xm.worst_action([of_level.get(code, "none"), f["action"]])
     for f in findings:
-        if f["code"] in ("xid-fatal", "xid"):
-            f["action"] = xm.worst_action([by_code.get(e["xid"], "monitor") for e in buckets[f["code"]].entries()])
+        if f["code"] in by_code:
+            f["action"] = xm.worst_action([by_code[f["code"]].get(e["xid"], e["action"])
+                                           for e in buckets[f["code"]].entries()])
 
 
 def _empty_data(path: str, args) -> dict:

@@ -61,6 +61,11 @@ EXPECTED = {
         "xid": [5, 6, 12, 13, 19],
         "killed": [15, 16],
     }),
+    # the driver's "fallen off the bus" words without an Xid line, and NVLink5 Xids (README.md)
+    "dmesg_fallen_off_bus.log": ("fail", {
+        "xid-fatal": [4, 7, 8, 10, 11, 13],
+        "xid": [12, 14],
+    }),
     "slurm_killed.log": ("fail", {
         "killed": [6, 12, 14, 15, 16, 17],
     }),
@@ -93,7 +98,8 @@ LINE_COUNTS = {"torch_nccl_timeout.log": 89, "vllm_engine_traceback.log": 80,
                "fsdp_cuda_oom.log": 18, "dmesg_xid.log": 19, "slurm_killed.log": 17,
                "clean_training.log": 12, "fairseq_nan_loss.log": 16, "megatron_nan_loss.log": 8,
                "lightning_nan_loss.log": 11, "nanogpt_nan_loss.log": 11,
-               "deepspeed_fp16_overflow.log": 12, "misc_trainers_nan_loss.log": 14}
+               "deepspeed_fp16_overflow.log": 12, "misc_trainers_nan_loss.log": 14,
+               "dmesg_fallen_off_bus.log": 14}
 
 
 def test_every_fixture_has_expectations():

@@ -163,3 +163,31 @@ def test_through_mldiag_on_the_local_target(tmp_path):
         "1 fatal Xid line (Xid 79 on 0000:ba:00) (1 from the driver's \"fallen off the bus\" message")
     (entry,) = result["data"]["matches"]["xid-fatal"]
     assert (entry["line"], entry["derived"]) == (2, True)
+
+
+def test_the_fallen_off_fixture_gpu_by_gpu(tmp_path):
+    """tests/fixtures/logs/dmesg_fallen_off_bus.log (its README table): the node-check CT
+    h200-fallen replays the same log, read there by node-check (tests/integration)."""
+    log = ROOT / "tests" / "fixtures" / "logs" / "dmesg_fallen_off_bus.log"
+    r = sl.run(argparse.Namespace(path=str(log), lines=2000))
+    assert xid_matches(r) == [
+        ("xid-fatal", 79, "0000:ba:00", "reboot", 4), ("xid-fatal", 79, "0000:18:00", "reboot", 7),
+        ("xid-fatal", 79, "0000:db:00", "reboot", 8), ("xid-fatal", 79, "0000:9a:00", "reboot", 10),
+        ("xid-fatal", 149, "0000:2a:00", "reset-gpu", 11), ("xid-fatal", 145, "0000:5d:00", "reset-gpu", 13),
+        ("xid", 149, "0000:3a:00", "monitor", 12), ("xid", 145, "0000:ab:00", "monitor", 14)]
+    assert xid_findings(r) == [("xid-fatal", "fail", "reboot"), ("xid", "warn", "monitor")]
+    assert r["findings"][0]["message"].startswith(
+        "6 fatal Xid lines (Xid 79 on 0000:ba:00, 79 on 0000:18:00, 79 on 0000:db:00, 79 on 0000:9a:00, "
+        "149 on 0000:2a:00, 145 on 0000:5d:00) (3 from the driver's \"fallen off the bus\" message, "
+        "no Xid line) \u2014 first at line 4: NVRM: The NVIDIA GPU 0000:ba:00.0 (PCI ID: 10de:2335)")
+
+
+def test_a_nonfatal_nvlink5_line_stays_a_warning_beside_a_fatal_one(tmp_path):
+    """Xid 149 Fatal on one GPU, Nonfatal on another: the warning's action is its line's
+    (monitor), not the fatal line's reset-gpu (the actions were once looked up by Xid alone)."""
+    r = scan(tmp_path,
+             "[ 2010.1] NVRM: Xid (PCI:0000:2a:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 "
+             "(0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)\n"
+             "[ 2011.6] NVRM: Xid (PCI:0000:3a:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 "
+             "(0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)\n")
+    assert xid_findings(r) == [("xid-fatal", "fail", "reset-gpu"), ("xid", "warn", "monitor")]
