@@ -39,7 +39,9 @@ NOT_IN_BASELINE_CODE = "not-in-baseline"
 
 _MISSING = object()
 _SCALARS = (str, int, float, bool, type(None))
-_GPU_KEY = re.compile(r"(?:^|\.)gpu(\d+)(?:\.|$)")
+# NOTE: at most 18 digits: a target's fact key "gpu<5,000 digits>" was an int() past Python's
+# 4,300-digit limit (ValueError, the run ended); a longer one names no GPU (wire.MAX_INT)
+_GPU_KEY = re.compile(r"(?:^|\.)gpu(\d{1,18})(?:\.|$)")
 _IB_PORT_KEY = re.compile(r"^ib\.([A-Za-z0-9_.-]+/\d+)\.")
 
 

@@ -114,12 +114,14 @@ def render(results: List[Result]) -> str:
             families["worst_action"].append(_sample("worst_action", t, ACTIONS.index(worst)))
         families["duration_seconds"].append(_sample("duration_seconds", t, r.duration_s or 0))
         families["findings"].append(_sample("findings", t, len(r.findings)))
-        checks = (r.data or {}).get("checks") if isinstance(r.data, dict) else None
-        for name, info in sorted((checks or {}).items()):
+        # NOTE: data is free-form (the schema checks only its findings): a target may send any
+        # shape there, so each level is checked before it is read
+        checks = r.data.get("checks") if isinstance(r.data, dict) else None
+        for name, info in sorted(checks.items() if isinstance(checks, dict) else ()):
             if not isinstance(info, dict):
                 continue
             labels = t + (("check", name),)
-            if info.get("status") in CHECK_STATUS:
+            if isinstance(info.get("status"), str) and info["status"] in CHECK_STATUS:
                 families["check_status"].append(
                     _sample("check_status", labels, CHECK_STATUS[info["status"]]))
             if isinstance(info.get("seconds"), (int, float)) and not isinstance(info["seconds"], bool):

@@ -247,3 +247,13 @@ def test_a_forged_help_line_in_a_label_stays_inside_its_label():
         f"# HELP mldiag_node_check_status {prom.HELP['status']}"]
     assert samples(text, "status") == [({"target": "h"}, 2)]
     assert [labels["code"] for labels, _ in samples(text, "finding")] == [forged]
+
+
+@pytest.mark.parametrize("checks", ["xid", ["xid"], 3, None, {"xid": "ok"}, {"xid": {"status": {"a": 1}}},
+                                    {"xid": {"status": ["ok"], "seconds": "1"}}])
+def test_data_checks_of_any_shape_export_the_rest(checks):
+    """A target's data is free-form (the wire's schema checks findings, not data): a check table
+    that is not one (found by a fuzz of node-check's outputs) is skipped, never an error."""
+    text = prom.render([node("h", "ok", checks=checks)])
+    assert samples(text, "status") == [({"target": "h"}, 0)]
+    assert samples(text, "check_status") == [] and samples(text, "check_duration_seconds") == []
