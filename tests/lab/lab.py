@@ -4,6 +4,7 @@ built in a few seconds, torn down without leftovers. See `Lab` for what a test c
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -142,6 +143,7 @@ class Lab:
         self._node_cts: Optional[Dict[int, nodecheck.NodeCT]] = None
         self._node_cts_lock = threading.Lock()
         self._extra_vmids: List[int] = []
+        self._machine_lock: Optional[int] = None  # fd of root/running.lock, held while it runs
 
     # ------------------------------------------------------------------ layout
 
@@ -241,6 +243,7 @@ class Lab:
             raise LabUnavailable(self.unavailable["ssh"])
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
+        self._hold_the_machine()
         self._step("reap_stale", reap_stale_sessions, self.root)
         self.dir.mkdir(mode=0o755)
         self._write_state()
@@ -311,6 +314,21 @@ class Lab:
             if part in self.unavailable:
                 self.on_unavailable(f"lab part {part!r} unavailable: {self.unavailable[part]}")
 
+    def _hold_the_machine(self) -> None:
+        """Take root/running.lock until close (or the process's end: the kernel drops it). One
+        lab at a time: a second one would rewrite the lab users' sudoers rules, whose
+        secure_path names its own copy of tests/fakes, and leave them naming that copy, gone
+        when it closes, under the first lab's users."""
+        fd = os.open(self.root / "running.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            running = ", ".join(str(d) for d in running_labs(self.root)) or "one starting"
+            raise LabError(f"another lab is running on this machine ({running}): one lab at a "
+                           f"time (docs/testing.md); wait for it to end") from None
+        self._machine_lock = fd
+
     def _stage_test_files(self) -> None:
         """Copy the checkout's files that the lab's other users and its containers read into
         the lab dir, world-readable, and point fakes_dir, fixtures_dir, hostile_dir and the
@@ -365,8 +383,7 @@ class Lab:
 
     def _install_globals(self) -> None:
         # NOTE: per-session values travel in SetEnv, but secure_path names this session's copy
-        # of tests/fakes: a second lab on the machine would point sudo at its own copy, gone
-        # when it closes. One lab at a time (docs/testing.md; the suite's lab lock).
+        # of tests/fakes: hence one lab at a time (_hold_the_machine).
         users.install_sudoers(users.sudoers_text(self.users.values(), self.secure_path, SESSION_VARS))
         PCT_CONF.parent.mkdir(parents=True, exist_ok=True)
         PCT_CONF.write_text(f"# written by the mldiag test lab, session {self.dir}\n"
@@ -602,15 +619,20 @@ class Lab:
         if self._closed:
             return
         self._closed = True
-        if not self.dir.exists():  # failed before it built anything
-            return
-        stray = self.session_processes() if self.servers else []
-        for s in self.servers.values():
-            s.stop()
-        kill_all(stray)
-        if self.slurm:
-            self.slurm.stop()
-        teardown_state(self._state(), remove_dir=True)
+        try:
+            if not self.dir.exists():  # failed before it built anything
+                return
+            stray = self.session_processes() if self.servers else []
+            for s in self.servers.values():
+                s.stop()
+            kill_all(stray)
+            if self.slurm:
+                self.slurm.stop()
+            teardown_state(self._state(), remove_dir=True)
+        finally:
+            if self._machine_lock is not None:
+                os.close(self._machine_lock)  # drops the flock
+                self._machine_lock = None
 
     def _state(self) -> dict:
         return {
