@@ -292,6 +292,20 @@ def test_the_task_prints_the_drain_it_would_run_then_drains_with_the_tagged_reas
         assert slurm_state(cluster, node) == ("IDLE", None)
 
 
+def test_a_prom_file_that_cannot_be_written_does_not_skip_the_drain(lab, topo, cluster, tmp_path):
+    """Issue 29 §0: the .prom file is written before the Slurm step; a directory in its way
+    is said (exit at least 3, the file named) and n2 is drained all the same."""
+    xid48 = saved_log(lab, "gpud-dmesg-time-format-iso.log")
+    in_the_way = tmp_path / "node.prom"
+    in_the_way.mkdir()
+    r = node_check(topo, "--drain", "--prom", str(in_the_way), log=xid48)
+    assert r.returncode >= 3, r.stdout + r.stderr
+    assert f"mldiag: --prom {in_the_way}: " in r.stderr, r.stderr
+    state, why = slurm_state(cluster, "n2")
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check by mlsh \S+Z\)", why)
+    assert "\nSlurm:\n  cluster-a:n2: drained (now State=IDLE+DRAIN): " in r.stdout, r.stdout
+
+
 def reservations(cluster):
     return cluster.cmd("scontrol", "show", "reservation", "-o", check=True).stdout.strip()
 

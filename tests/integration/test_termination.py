@@ -39,6 +39,9 @@ def test_a_signal_ends_a_local_run_like_ctrl_c(tmp_path, sig, code):
     summary = json.loads((save / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["exit_code"] == code
     assert summary["targets"] == {"fast": "ok"} and summary["not_finished"] == ["slow"]
+    # every file whole, none half-written (savedir: temp + rename, held against the signal)
+    assert sorted(p.name for p in save.iterdir()) == ["fast.json", "summary.json"]
+    assert json.loads((save / "fast.json").read_text())["status"] == "ok"
     wait_for(lambda: not marked(marker), 10, "the slow diagnostic to be stopped")
 
 
