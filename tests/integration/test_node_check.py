@@ -48,6 +48,12 @@ def ct(name, vmid, capture=H200, **env):
     return f"      {name}: {json.dumps(fields)}\n"
 
 
+def fallen_log(lab):
+    """tests/fixtures/logs/dmesg_fallen_off_bus.log as the CTs see it: the lab's copy of
+    tests/fixtures, bind-mounted at its own path (Lab._stage_test_files)."""
+    return lab.fixtures_dir / "logs" / "dmesg_fallen_off_bus.log"
+
+
 @pytest.fixture(scope="module")
 def nodes(node_cts):
     return node_cts
@@ -76,6 +82,8 @@ def hosts(lab, nodes):
         ct("h200-journal-hung", 210, MLDIAG_FAKE_JOURNALCTL_HANG="60"),
         # CT 211 for a user whom kernel.dmesg_restrict keeps out (and no journal there)
         ct("h200-bad-restricted", 211, capture=nodecheck.FAULTY_CAPTURE, MLDIAG_FAKE_DMESG_RESTRICT="1"),
+        # CT 210, its live kernel log the peers' fallen-off-the-bus and NVLink5 lines (issue 29)
+        ct("h200-fallen", 210, MLDIAG_FAKE_KLOG=str(fallen_log(lab))),
         # CT 210's dcgmi answering a failed level-2 diagnostic (tests/fixtures/dcgm/README.md)
         ct("h200-dcgm-bad", 210, MLDIAG_FAKE_DCGMI="derived__dcgm4-h200x8__r2-failing.json",
            MLDIAG_FAKE_DCGMI_LOG="/run/mldiag-dcgmi-argv.jsonl"),
@@ -438,3 +446,44 @@ def test_the_fleet_outlier_a_saved_baseline_and_the_prometheus_file(hosts, tmp_p
     assert [(f["level"], f["action"]) for f in changed] == [("warn", "monitor")], changed
     assert changed[0]["message"].startswith("kernel ") and \
         changed[0]["message"].endswith(", baseline 5.15.0-1"), changed
+
+
+# The driver's "fallen off the bus" words without an Xid line (NVIDIA's three-line message, its
+# one-line variant, an address without its PCI domain; the words then the Xid 79 line on GPU 4:
+# one event) and NVLink5 Xids graded by their line (Fatal; Nonfatal with the errorStatus 0x40 the
+# decode sheet resets for; Nonfatal): tests/fixtures/logs/README.md, written from xid.py's rules
+FALLEN = {
+    ("fail", "reboot", "xid", "xid-79", (0, 4, 6, 7), ()),
+    ("fail", "reset-gpu", "xid", "xid-149", (1,), ()),
+    ("fail", "reset-gpu", "xid", "xid-145", (3,), ()),
+    ("warn", "monitor", "xid", "xid-149", (2,), ()),
+    ("warn", "monitor", "xid", "xid-145", (5,), ()),
+}
+
+
+def test_gpus_fallen_off_the_bus_without_an_xid_line(lab, hosts):
+    """Through journalctl in the CT (the fake replays the saved lines, one record a line, as
+    the kernel logged them "just now"): each GPU by its index, the node's action a reboot."""
+    r = mldiag("node-check", "--hosts-file", hosts, "-H", "h200-fallen", "--no-dcgm", "--json")
+    doc = docs_of(r)["h200-fallen"]
+    assert doc["data"]["kernel_log"]["source"] == "journalctl", doc["data"]["kernel_log"]
+    assert table(doc) == FALLEN | {LINK_DOWNED}, doc["findings"]
+    (lost,) = [f for f in doc["findings"] if f["code"] == "xid-79"]
+    assert "on GPU 0, GPU 4, GPU 6, GPU 7: 4 events" in lost["message"], lost
+    assert lost["message"].endswith("; from the driver's \"fallen off the bus\" message (no Xid line)"), lost
+    assert (r.returncode, doc["data"]["worst_action"]) == (2, "reboot")
+
+
+def test_scan_log_reads_the_same_lines_as_node_check(lab, hosts):
+    """scan-log in the same CT on the saved log: the same Xids, the fatal ones a reboot."""
+    r = mldiag("scan-log", "--hosts-file", hosts, "-H", "h200-fallen", "--path", fallen_log(lab), "--json")
+    assert r.returncode == 2, r.stdout + r.stderr
+    (doc,) = json.loads(r.stdout)
+    assert [(f["code"], f["level"], f["action"]) for f in doc["findings"]] == [
+        ("xid-fatal", "fail", "reboot"), ("xid", "warn", "monitor")], doc["findings"]
+    matches = doc["data"]["matches"]
+    assert [(e["xid"], e["device"], e["line"]) for e in matches["xid-fatal"]] == [
+        (79, "0000:ba:00", 4), (79, "0000:18:00", 7), (79, "0000:db:00", 8), (79, "0000:9a:00", 10),
+        (149, "0000:2a:00", 11), (145, "0000:5d:00", 13)]
+    assert [(e["xid"], e["device"], e["line"]) for e in matches["xid"]] == [
+        (149, "0000:3a:00", 12), (145, "0000:ab:00", 14)]
