@@ -188,3 +188,10 @@ def test_finding_to_dict_keeps_empty_lists_and_drops_only_none():
         "ports": ["mlx5_0/1"]}
     assert Finding("info", "c", "m", gpus=None, action=None, check=None, ports=None).to_dict() == {
         "level": "info", "code": "c", "message": "m"}
+
+
+def test_finding_from_dict_reads_the_schema_2_fields():
+    f = Finding.from_dict({"level": "fail", "code": "c", "message": "m", "gpus": [0, "0000:b3:00.0"],
+                           "action": "rma", "check": "xid", "ports": ["mlx5_0/1"]})
+    assert (f.gpus, f.action, f.check, f.ports) == ([0, "0000:b3:00.0"], "rma", "xid", ["mlx5_0/1"])
+    assert Finding.from_dict(f.to_dict()) == f

@@ -864,3 +864,24 @@ def test_a_payload_one_byte_short_is_refused():
     with pytest.raises(ValueError, match=r"^payload truncated: a part of 10 bytes has 9$"):
         wire.parse_payload(payload[:-1])
     assert wire.parse_payload(payload)[3] == {"a.py": b"x" * 10}
+
+
+def test_an_out_of_bounds_refusal_names_where_even_at_the_top_and_cuts_a_long_key():
+    def refusal(value):
+        with pytest.raises(wire.ValueOutOfBounds) as exc:
+            wire.bounded_values(value)
+        return str(exc.value)
+    tail = "an integer of 401 digits, past the bound of 2**63 - 1 either way"
+    assert refusal(BIG) == f"the document: {tail}"
+    assert refusal([1, BIG]) == f"[1]: {tail}"
+    assert refusal({"k" * 50: [{"a": BIG}]}) == f"{'k' * 40}[0].a: {tail}"
+    body = json.dumps(good_doc(duration_s=BIG)).encode()
+    with pytest.raises(wire.ProtocolError) as exc:
+        wire.decode_result(body)
+    assert exc.value.excerpt == wire.safe_excerpt(body)
+
+
+def test_a_log_entry_s_extra_keys_are_not_checked_as_a_finding_s():
+    """Only findings carry action/gpus/ports (schema 2); a log entry's other keys are ignored."""
+    doc = good_doc(log=[{"level": "INFO", "source": "s", "message": "m", "action": "panic", "gpus": "x"}])
+    assert wire.decode_result(json.dumps(doc).encode()) == doc
