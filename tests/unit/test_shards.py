@@ -179,7 +179,8 @@ def _hosts(tmp_path):
     return path
 
 
-def test_terminating_a_sharded_run_ends_every_worker(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_terminating_a_sharded_run_ends_every_worker(tmp_path, sig):
     marker = f"mldiag-shard-{uuid.uuid4().hex[:8]}"
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text("hosts:\n  fast: {local: true}\n  slow1: {local: true}\n  slow2: {local: true}\n")
@@ -196,9 +197,11 @@ def test_terminating_a_sharded_run_ends_every_worker(tmp_path):
                  "fast saved and both slow ones running")
         workers = [p for p in _children(proc.pid)]
         assert len(workers) >= 2      # the fast one's may have ended already
-        out, err = signal_and_wait(proc, signal.SIGTERM, 60)
-    assert proc.returncode == 143, (proc.returncode, err)
-    assert err == f"mldiag: terminated (SIGTERM) (1 of 3 targets finished, saved in {save})\n"
+        out, err = signal_and_wait(proc, sig, 60)
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    name = "interrupted" if sig == signal.SIGINT else f"terminated ({signal.Signals(sig).name})"
+    assert err == f"mldiag: {name} (1 of 3 targets finished, saved in {save})\n"
+    assert sorted(p.name for p in save.iterdir()) == ["fast.json", "summary.json"]   # no .part
     summary = json.loads((save / "summary.json").read_text())
     assert summary["targets"] == {"fast": "ok"} and summary["not_finished"] == ["slow1", "slow2"]
     wait_for(lambda: not marked(marker), 10, "the slow diagnostics to be stopped")
