@@ -85,4 +85,31 @@ def test_a_held_block_that_raises_drops_what_it_held():
                 os.kill(os.getpid(), signal.SIGTERM)
                 signal.pthread_sigmask(signal.SIG_BLOCK, [])
                 raise ValueError("the block's own error")
+        with termination.held():          # what the first block held is gone with it
+            pass
     assert received.signal is None
+
+
+def test_held_blocks_nest_and_the_outermost_one_raises_what_they_held():
+    steps = []
+    with pytest.raises(termination.Terminated):
+        with termination.terminates_like_ctrl_c():
+            with termination.held():
+                with termination.held():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                steps.append("the outer block goes on")
+    assert steps == ["the outer block goes on"]
+
+
+def test_held_outside_a_task_call_takes_the_default_path_after_the_block():
+    caught = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: caught.append(signum))
+    try:
+        with termination.held():
+            os.kill(os.getpid(), signal.SIGHUP)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            assert caught == []
+        assert caught == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, before)
