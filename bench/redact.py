@@ -78,7 +78,8 @@ def baseline_module(rev: str) -> ModuleType:
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "redact_baseline.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("redact_baseline", path)
+    # named inside the diagnostics package, so its relative imports (.lean_imports) resolve
+    spec = importlib.util.spec_from_file_location("diagnostics._redact_baseline", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

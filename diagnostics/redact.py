@@ -27,6 +27,7 @@ It is a safety net, not a licence: diagnostics still redact at the source (env-r
 """
 
 import re
+from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .lean_imports import LazyPattern
@@ -56,6 +57,7 @@ _SECRET_NAMES = frozenset(["SIG", "PRIVATE_KEY_ID"])
 _SPECIAL_TOKEN_ROLES = ("BOS", "EOS", "PAD", "UNK", "SEP", "CLS", "MASK")
 
 
+@lru_cache(maxsize=4096)   # a log repeats its names (loss=, lr=, mem:) on every line
 def is_secret_name(name: str) -> bool:
     """HF_TOKEN, DB_PASSWORD, WANDB_API_KEY, aws_secret_access_key, X-Amz-Signature: yes.
     TOKENIZERS_PARALLELISM, host_key_policy, num_key_value_heads, tokenizer_path, KeyError,
@@ -326,6 +328,9 @@ _BEARER = LazyPattern(r"(?i)(?<![A-Za-z0-9_-])(bearer[ \t]{1,8})"
                      r"(?=[A-Za-z._~+/=-]{0,1024}[0-9])[A-Za-z0-9._~+/=-]{16,}")
 _NEEDLES = (tuple(n for needles, *_ in _SHAPES for n in needles) + _PAIR_NEEDLES
             + tuple(n for n, _ in _TOKENS) + ("bearer",))
+# the fast path needs only the needles that hold no other one ("password" holds "pass")
+_FAST_PATH_NEEDLES = tuple(sorted(n for n in set(_NEEDLES)
+                                  if not any(m != n and m in n for m in _NEEDLES)))
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
@@ -333,7 +338,7 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         if value in text:
             text = text.replace(value, REDACTED)
     lower = text.lower()
-    if not any(needle in lower for needle in _NEEDLES):   # fast path: no pattern could match
+    if not any(needle in lower for needle in _FAST_PATH_NEEDLES):   # no pattern could match
         return text
     for needles, pattern, replacement in _SHAPES:
         if any(needle in lower for needle in needles):
