@@ -885,3 +885,20 @@ def test_a_log_entry_s_extra_keys_are_not_checked_as_a_finding_s():
     """Only findings carry action/gpus/ports (schema 2); a log entry's other keys are ignored."""
     doc = good_doc(log=[{"level": "INFO", "source": "s", "message": "m", "action": "panic", "gpus": "x"}])
     assert wire.decode_result(json.dumps(doc).encode()) == doc
+
+
+def test_the_runtime_s_length_line_names_its_digest_only_when_given_one():
+    digest = "ab" * 32
+    with_digest = wire.build_payload(b"RUNTIME", {"nonce": NONCE}, {}, runtime_digest=digest)
+    plain = wire.build_payload(b"RUNTIME", {"nonce": NONCE}, {})
+    stage_a = wire._part(wire.STAGE_A.encode("utf-8"))
+    assert with_digest[len(stage_a):].startswith(b"7 " + digest.encode() + b"\nRUNTIME")
+    assert plain[len(stage_a):].startswith(b"7\nRUNTIME")
+    assert wire.parse_payload(with_digest)[1] == wire.parse_payload(plain)[1] == b"RUNTIME"
+    with pytest.raises(ValueError, match=r"^the header's 'files' key is the payload's own \(the files' sizes\)$"):
+        wire.build_payload(b"R", {"files": []}, {})
+
+
+def test_an_unknown_action_is_quoted_up_to_40_characters():
+    doc = good_doc(findings=[{"level": "fail", "code": "c", "message": "m", "action": "a" * 50}])
+    assert _reason(json.dumps(doc).encode()).startswith(f"findings[0].action {'a' * 40!r} is not one of")
