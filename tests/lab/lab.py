@@ -338,8 +338,8 @@ class Lab:
         0700) is out of reach of the lab users (mlsh runs tests/fixtures/hostile/python), a
         checkout under /tmp is out of reach of the Slurm nodes (each has a private /tmp where only
         the lab dir is bound back), files a umask of 077 wrote are unreadable even where every
-        directory above is searchable, and a path with a space cannot be an LXC mount entry or a
-        hosts.yaml `python:`. One copy of ~5 MB (tens of ms) covers every case with one layout.
+        directory above is searchable, and a path with a space cannot be a hosts.yaml `python:`.
+        One copy of ~5 MB (tens of ms) covers every case with one layout.
         Whole directories are copied (never a list of files), so a fixture added later travels
         too; the layout is kept (tests/fakes beside tests/fixtures), where the fakes look."""
         def copy_of(src: Path) -> Path:

@@ -10,6 +10,15 @@ from typing import Dict, Iterable, List, Optional
 from .util import LabError, run, wait_until
 
 
+def fstab_escaped(path: str) -> str:
+    """`path` as one field of an fstab line: LXC reads its mount entries with getmntent(3),
+    which splits at blanks and decodes these octal escapes (a checkout or a .venv under a
+    directory with a space in its name is bound this way)."""
+    for char, escape in (("\\", "\\134"), (" ", "\\040"), ("\t", "\\011"), ("\n", "\\012")):
+        path = path.replace(char, escape)
+    return path
+
+
 def config_text(vmid: int, base: Path, delta: Path, binds: Iterable[Path],
                 extra_lines: Iterable[str] = (), hostname: Optional[str] = None) -> str:
     lines = [
@@ -26,9 +35,8 @@ def config_text(vmid: int, base: Path, delta: Path, binds: Iterable[Path],
         "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
     ]
     for b in binds:
-        if " " in str(b):
-            raise LabError(f"cannot bind-mount {b}: LXC mount entries are space separated")
-        lines.append(f"lxc.mount.entry = {b} {str(b).lstrip('/')} none bind,ro,create=dir 0 0")
+        path = fstab_escaped(str(b))
+        lines.append(f"lxc.mount.entry = {path} {path.lstrip('/')} none bind,ro,create=dir 0 0")
     lines.extend(extra_lines)
     return "\n".join(lines) + "\n"
 
