@@ -9,6 +9,9 @@ every ``except KeyboardInterrupt`` / ``finally`` of the engine runs as for Ctrl-
 
 A second signal while that cleanup runs is ignored, a second Ctrl-C as a second TERM:
 cutting ``scancel`` short is what this is here to prevent (SIGKILL still ends the process).
+After the block, too: a run ended by a signal leaves TERM, HUP and INT ignored, so a second
+one that lands after the cleanup, while Invoke prints the message and Python exits, cannot
+end the process by that signal instead of with the first one's code (issue 29 §4).
 ``held()`` goes one step further for the few steps that must not be cut in half even by the
 first signal (a Slurm reservation created and recorded, a node resumed and recorded, the
 window closed again): the signal waits until the block ends, then takes its usual path.
@@ -95,8 +98,9 @@ _active: Optional[_Received] = None     # the task call's, while its handlers ar
 @contextlib.contextmanager
 def terminates_like_ctrl_c() -> Iterator[_Received]:
     """Within the block, TERM and HUP raise ``Terminated`` in the main thread; the previous
-    handlers come back after it. Outside the main thread (a task called from a test's
-    thread) nothing is installed."""
+    handlers come back after it, unless a signal ended the block: then the process is on its
+    way out with that signal's code and the three stay ignored until it exits. Outside the
+    main thread (a task called from a test's thread) nothing is installed."""
     global _active
     received = _Received()
     if threading.current_thread() is not threading.main_thread():
@@ -109,7 +113,7 @@ def terminates_like_ctrl_c() -> Iterator[_Received]:
     finally:
         _active = outer
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if received.interrupted else handler)
 
 
 @contextlib.contextmanager

@@ -7,11 +7,22 @@ import pytest
 
 from diagnostics import termination
 
+CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def handlers_back():
+    """A block ended by a signal leaves the signals ignored (the process is exiting): this
+    test process gets its own handlers back after each test."""
+    before = {s: signal.getsignal(s) for s in CAUGHT}
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
 
 @pytest.mark.parametrize("sig,code,text", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                            (signal.SIGHUP, 129, "terminated (SIGHUP)")])
-def test_a_signal_raises_terminated_once_then_handlers_come_back(sig, code, text):
-    before = signal.getsignal(sig)
+def test_a_signal_raises_terminated_once_then_leaves_the_signals_ignored(sig, code, text):
     with pytest.raises(KeyboardInterrupt) as caught:
         with termination.terminates_like_ctrl_c() as received:
             try:
@@ -22,7 +33,15 @@ def test_a_signal_raises_terminated_once_then_handlers_come_back(sig, code, text
     assert isinstance(caught.value, termination.Terminated) and received.signal is caught.value
     assert termination.exit_code_of(caught.value) == code
     assert termination.describe(caught.value) == text
-    assert signal.getsignal(sig) is before
+    # the process exits with 128 + sig: no later signal may end it another way
+    assert all(signal.getsignal(s) is signal.SIG_IGN for s in CAUGHT)
+
+
+def test_a_block_no_signal_ended_gives_the_handlers_back():
+    before = {s: signal.getsignal(s) for s in CAUGHT}
+    with termination.terminates_like_ctrl_c():
+        assert all(signal.getsignal(s) is not before[s] for s in CAUGHT)
+    assert {s: signal.getsignal(s) for s in CAUGHT} == before
 
 
 def test_ctrl_c_keeps_its_own_code_and_words():
@@ -48,7 +67,7 @@ def test_after_the_first_signal_a_second_one_of_any_kind_is_ignored(first, secon
                 cleaned.append(True)
     assert cleaned == [True]
     assert termination.exit_code_of(caught.value) == 128 + first
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_an_ignored_ctrl_c_stays_ignored():
