@@ -5,6 +5,7 @@ Local targets only here (no lab needed); the Slurm cases are in test_slurm.py.""
 import json
 import os
 import signal
+import time
 import uuid
 from functools import partial
 
@@ -83,3 +84,35 @@ def test_terminating_a_runbook_writes_its_report_and_exits_143(tmp_path):
     doc = json.loads((out / "report.json").read_text())
     assert doc["interrupted"] is True and doc["exit_code"] == 143
     assert [r["status"] for r in doc["steps"][0]["results"]] == ["ok"]
+
+
+SIGNAL_PAIRS = [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM),
+                (signal.SIGHUP, signal.SIGTERM), (signal.SIGTERM, signal.SIGHUP)]
+
+
+def test_a_second_signal_never_changes_the_first_ones_exit_code(tmp_path):
+    """Two signals in quick succession, 20 runs, the second 0 to 0.95 s after the first: the
+    run ends with the first one's code whenever the second lands, in the cleanup or after it
+    (while Invoke prints and Python exits, where it used to end the process by itself, -15)."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  slow: {local: true}\n")
+    script = tmp_path / "sleepy.py"
+    script.write_text("import subprocess, sys\n"
+                      "subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n")
+    codes, landed = [], 0
+    for run in range(20):
+        first, second = SIGNAL_PAIRS[run % len(SIGNAL_PAIRS)]
+        marker = f"mldiag-twice-{uuid.uuid4().hex[:8]}"
+        with running_mldiag("run-script", script, "--arg", marker, "--hosts-file", hosts,
+                            "-H", "slow") as proc:
+            # the diagnostic, not mldiag (whose own argv holds the marker too): the run is on
+            wait_for(lambda: set(marked(marker)) - {proc.pid}, 60, "the diagnostic to run")
+            proc.send_signal(first)
+            time.sleep(0.05 * run)
+            landed += proc.poll() is None
+            proc.send_signal(second)
+            _, err = proc.communicate(timeout=60)
+        codes.append((first, second, proc.returncode, 128 + first))
+        wait_for(lambda: not marked(marker), 10, "the diagnostic to be stopped")
+    assert [c for c in codes if c[2] != c[3]] == [], codes
+    assert landed >= 10, f"the second signal reached a live process in only {landed} runs"
