@@ -179,8 +179,32 @@ class Listening:
             except OSError:
                 pass
         self.server.close()
+        # the lock file goes while still locked: a holder starting now either locked it before
+        # (and sees the file gone from the name: _locked) or makes a new one
+        try:
+            os.unlink(self.name + ".lock", dir_fd=self.dir_fd)
+        except OSError:
+            pass
         os.close(self.lock)
         os.close(self.dir_fd)
+
+
+def _locked(dir_fd: int, name: str) -> Optional[int]:
+    """The lock of ``name`` in the directory, held (a descriptor), or None when another holder
+    has it. A lock file is removed by its holder as it exits (no file left in the user's
+    directory): one locked after that removal is no longer the one at the name, and is none."""
+    lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                   dir_fd=dir_fd)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st, there = os.fstat(lock), os.stat(name + ".lock", dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        os.close(lock)
+        return None
+    if (st.st_dev, st.st_ino) != (there.st_dev, there.st_ino):
+        os.close(lock)
+        return None
+    return lock
 
 
 def _listen(path: str) -> Optional[Listening]:
@@ -194,13 +218,13 @@ def _listen(path: str) -> Optional[Listening]:
     try:
         if not held.is_private(os.fstat(dir_fd), os.geteuid()):
             raise OSError("not a private directory")
-        lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                       dir_fd=dir_fd)
+        lock = _locked(dir_fd, name)
+        if lock is None:
+            raise OSError("another holder has the lock")
     except OSError:
         os.close(dir_fd)
         return None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # bound and listening under a name of its own first, then renamed into place: a caller
         # never finds a socket that does not listen yet (it would go direct, and a quit sent
         # then would be lost)
@@ -225,6 +249,10 @@ def _listen(path: str) -> Optional[Listening]:
             return Listening(dir_fd, name, lock, server)
         except OSError:
             server.close()
+            try:
+                os.unlink(temp, dir_fd=dir_fd)     # no half-made holder's name left behind
+            except OSError:
+                pass
             raise
     except OSError:
         os.close(lock)
@@ -239,6 +267,7 @@ def serve(path: str, persist: float) -> None:
     server = listening.server
     state = HolderState(persist)
     signal.signal(signal.SIGTERM, lambda *_: state.quit.set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})   # one sent meanwhile: quit
     me = os.geteuid()
     try:
         while not state.sweep() and listening.still_ours():
@@ -262,6 +291,9 @@ def main(path: str, persist: float) -> None:
     os.chdir("/")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a TERM while the holder makes its place waits until it can quit cleanly (serve): else it
+    # would die between the bind and the rename and leave its temporary socket and lock behind
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         serve(path, min(max(persist, 1.0), PERSIST_FOREVER_S))
     finally:
