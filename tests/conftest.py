@@ -8,7 +8,10 @@ other tests have run (it is moved to the end of the run below).
 
 import os
 import shutil
+import signal
 import tempfile
+
+import pytest
 
 RECORD_ENV = "MLDIAG_RECORD_COMMANDS"
 CHECKER = "test_command_lines.py"
@@ -25,6 +28,26 @@ def pytest_configure(config):
     # the user's ~/.cache
     if "MLDIAG_CACHE_DIR" not in os.environ:
         os.environ["MLDIAG_CACHE_DIR"] = os.path.join(_record_dir, "cache")
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_back():
+    """Each test starts with the handlers a terminal's pytest has, and leaves them so.
+
+    A task call that a signal ended leaves TERM, HUP and INT ignored, as the process it ends is
+    on its way out (diagnostics/termination.py); a test calls tasks in this process, so the next
+    test gets this process's handlers back. And Ctrl-C is Python's KeyboardInterrupt during a
+    test even where pytest itself was started with SIGINT ignored (a background job of a
+    non-interactive shell, as a CI runner may start it): the in-process Ctrl-C tests would
+    otherwise send SIGINT into the void, as tests/programs.py says of the children it starts.
+    tests/unit/test_termination.py ignores it itself where that case is the subject."""
+    caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in caught}
+    if before[signal.SIGINT] is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
 
 
 def pytest_collection_modifyitems(session, config, items):

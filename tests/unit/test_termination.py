@@ -10,16 +10,6 @@ from diagnostics import termination
 CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-@pytest.fixture(autouse=True)
-def handlers_back():
-    """A block ended by a signal leaves the signals ignored (the process is exiting): this
-    test process gets its own handlers back after each test."""
-    before = {s: signal.getsignal(s) for s in CAUGHT}
-    yield
-    for s, handler in before.items():
-        signal.signal(s, handler)
-
-
 @pytest.mark.parametrize("sig,code,text", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                            (signal.SIGHUP, 129, "terminated (SIGHUP)")])
 def test_a_signal_raises_terminated_once_then_leaves_the_signals_ignored(sig, code, text):
