@@ -22,6 +22,9 @@ from .savedir import SaveDir, result_file_name
 from .topology import Target
 
 JobSource = Union[Job, Callable[[Target], Job]]
+# The runtime's own files in a run's private directory (scripts/_runtime.py: RUNTIME_FILE...,
+# REPORT_FILE, the one $MLDIAG_RESULT names): no script or --put file may take their names.
+OWN_FILES = ".mldiag-"
 
 
 @dataclass
@@ -113,13 +116,21 @@ def script_code_job(name: str, source: bytes, argv: Sequence[str], puts: Sequenc
     """``run-script`` with the script's bytes in hand: a file's, ``-c CODE``'s (named ``-c``)
     or stdin's (named ``-``); shipped in the bundle as a file of that name either way."""
     extra = {}
+    _not_own_file("run-script", name, name)
     for put in puts:
         base = os.path.basename(put)
         if base in extra or base == name:
             raise InputError(f"--put {put}: two uploaded files would be named {base!r}")
+        _not_own_file("--put", put, base)
         extra[base] = _read_local("--put", put)
     return Job(diagnostic="run-script", script_name=name, script_source=source,
                argv=tuple(argv), mode="script", extra_files=extra)
+
+
+def _not_own_file(flag: str, given: str, name: str) -> None:
+    if name.startswith(OWN_FILES):
+        raise InputError(f"{flag} {given}: a name starting with {OWN_FILES!r} is mldiag's own in "
+                         f"the run's directory (the runtime's files, the $MLDIAG_RESULT file)")
 
 
 def read_stdin(what: str) -> bytes:

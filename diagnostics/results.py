@@ -31,6 +31,28 @@ def worst_status(statuses: Iterable[str]) -> str:
     return worst
 
 
+def with_findings(status: str, levels: Iterable[str]) -> str:
+    """``status`` made as bad as the worst finding's ``levels`` (``info`` counts as ok)."""
+    return worst_status([status] + ["ok" if level == "info" else level for level in levels])
+
+
+def with_report(doc: Dict[str, Any], report: Dict[str, Any]) -> Dict[str, Any]:
+    """A run-script document (``doc``: exit code, stdout, stderr) with what the script reported
+    in its $MLDIAG_RESULT file (``report``, checked by wire.py): its findings; the status the
+    worse of the exit code's (0 ok, else fail) and the worst finding's; its summary in place of
+    ``exit 0``, after ``exit N...; `` otherwise; its ``data`` whole under ``data.reported``
+    (mldiag's own keys are never touched)."""
+    findings = report.get("findings") or []
+    doc["findings"] = list(doc["findings"]) + findings
+    doc["status"] = with_findings(doc["status"], [f["level"] for f in findings])
+    summary = report.get("summary")
+    if summary and summary.strip():
+        doc["summary"] = summary if doc["data"].get("exit_code") == 0 else f"{doc['summary']}; {summary}"
+    if report.get("data") is not None:
+        doc["data"]["reported"] = report["data"]
+    return doc
+
+
 def action_rank(action: Optional[str]) -> int:
     """-1 for no action; 0 (none) … 6 (rma)."""
     return _ACTION_RANK.get(action, -1) if action else -1

@@ -18,7 +18,9 @@ parsing, bounds every value in the parsed document (``bounded_values``: each int
 ``MAX_INT`` either way, each float finite; each lone surrogate in a string or a key let in as
 its ``\\udXXX`` escape, so no file, label or stream it reaches fails to encode it), and checks
 the document against the result schema; anything else is a ``ProtocolError`` that becomes the
-target's ``protocol`` row, never a crash of the run.
+target's ``protocol`` row, never a crash of the run.  A run-script result may carry the text of
+the script's $MLDIAG_RESULT file (``reported``): it is parsed and checked here too, and merged
+(``take_report``); a file the script got wrong is that target's ``protocol`` error.
 
 Progress, before the frame, only when the header asks for it (``"progress": true``: the client
 shows a live display on a terminal): whole lines ``@@MLDIAG-PROGRESS nonce@@ {json}\n``, at most
@@ -44,7 +46,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .results import ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES
+from .results import ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, with_report
 
 BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 OLD_PYTHON_MARK = "@@MLDIAG-OLD-PYTHON"
@@ -87,6 +89,14 @@ PROGRESS_STREAMS = ("stdout", "stderr")
 # what a Go or C reader of the saved JSON takes as an integer and a float holds without an
 # overflow (Python's json reads 401 digits as an int, and 1e400 as inf: both refused).
 MAX_INT = 2**63 - 1
+# run-script's $MLDIAG_RESULT file, sent by the runtime unparsed (``reported``, at most its
+# REPORT_LIMIT bytes: 6 MiB once JSON-escaped at worst, which leaves the frame room for the
+# script's bounded output) and judged here: its keys, its findings' levels.
+MAX_REPORT_BYTES = 1024 * 1024
+REPORT_NAME = "the script's $MLDIAG_RESULT"
+REPORT_KEYS = ("summary", "findings", "data")
+REPORT_LEVELS = ("info", "ok", "warn", "fail")
+FINDING_FIELDS = (("level", "code", "message"), ("hint", "action", "check"))   # required, optional
 
 
 # ----------------------------------------------------------------------------- outbound
@@ -183,9 +193,10 @@ _BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def check_depth(text: bytes, limit: int = MAX_DEPTH) -> None:
+def check_depth(text: bytes, limit: int = MAX_DEPTH, what: str = "the result") -> None:
     """Refuse nesting deeper than ``limit`` (or unbalanced brackets) before any parser recurses
-    into it: strings removed, the brackets left peeled one level per round, in C."""
+    into it: strings removed, the brackets left peeled one level per round, in C. ``what``: the
+    refusal's subject."""
     brackets = _JSON_STRING.sub(b"", text).translate(_BRACKETS_ONLY, _NOT_BRACKETS)
     if b"[" * (limit + 1) in brackets:     # the plain bomb, without peeling it 64 times
         brackets = b"["
@@ -197,7 +208,7 @@ def check_depth(text: bytes, limit: int = MAX_DEPTH) -> None:
             break
         brackets = peeled
     if brackets:
-        raise ProtocolError(f"the result nests deeper than {limit} levels or its brackets do not "
+        raise ProtocolError(f"{what} nests deeper than {limit} levels or its brackets do not "
                             f"balance", text)
 
 
@@ -288,7 +299,83 @@ def decode_result(frame: bytes) -> Dict[str, Any]:
     problem = schema_problem(doc)
     if problem:
         raise ProtocolError(problem, frame)
+    if "reported" in doc:
+        doc = take_report(doc, frame)
     return doc
+
+
+def take_report(doc: Dict[str, Any], frame: bytes) -> Dict[str, Any]:
+    """run-script: ``doc`` (schema-checked) with the script's $MLDIAG_RESULT file, which the
+    runtime sends unparsed as ``reported`` (``{"text": ...}``, or ``{"problem": ...}`` when it
+    would not read the file), parsed, checked and merged (``results.with_report``). A file the
+    script got wrong makes ``doc`` that target's ``protocol`` error naming $MLDIAG_RESULT, with
+    its exit code, stdout and stderr kept; a ``reported`` of another shape is the runtime's own
+    fault, a ProtocolError as any other."""
+    reported = doc.pop("reported")
+    kind = next(iter(reported), None) if isinstance(reported, dict) and len(reported) == 1 else None
+    if kind not in ("text", "problem") or not isinstance(reported[kind], str):
+        raise ProtocolError("reported is not an object of one string, its text or its problem",
+                            frame)
+    if kind == "problem":
+        return report_refused(doc, f"{REPORT_NAME} {reported['problem'][:200]}")
+    try:
+        report = parse_report(reported["text"])
+    except ProtocolError as exc:
+        return report_refused(doc, str(exc))
+    return with_report(doc, report)
+
+
+def report_refused(doc: Dict[str, Any], message: str) -> Dict[str, Any]:
+    """``doc`` as the target's ``protocol`` error saying ``message``; its data stays. Its type
+    restates the layer, so the table says the message once (render._error_text)."""
+    doc.update(status="error", summary=f"protocol: {message}", findings=[],
+               error={"layer": "protocol", "type": "protocol", "message": message,
+                      "traceback": None, "stderr": None})
+    return doc
+
+
+def parse_report(text: str) -> Dict[str, Any]:
+    """The script's report (the text of its $MLDIAG_RESULT file), parsed within the bounds a
+    result has and checked (``report_problem``), else ProtocolError naming $MLDIAG_RESULT. One
+    level less deep than a result: its ``data`` goes under the result's ``data.reported``."""
+    data = text.encode("utf-8")
+    if len(data) > MAX_REPORT_BYTES:
+        raise ProtocolError(f"{REPORT_NAME} holds {len(data)} bytes, over the limit of "
+                            f"{MAX_REPORT_BYTES}", data)
+    check_depth(data, MAX_DEPTH - 1, REPORT_NAME)
+    try:
+        report = bounded_values(json.loads(text, parse_constant=_reject_constant))
+    except ValueOutOfBounds as exc:
+        raise ProtocolError(f"{REPORT_NAME} {exc}", data) from None
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{REPORT_NAME} is not JSON ({str(exc)[:120]})", data) from None
+    problem = report_problem(report)
+    if problem:
+        raise ProtocolError(problem, data)
+    return report
+
+
+def report_problem(report: Any) -> Optional[str]:
+    """What is wrong with a parsed $MLDIAG_RESULT file, or None: an object of ``REPORT_KEYS``
+    only (each may be absent or null), ``summary`` a string, ``data`` an object, ``findings`` a
+    list of findings as a result's are, each of a level in ``REPORT_LEVELS``."""
+    if not isinstance(report, dict):
+        return f"{REPORT_NAME} holds {_type_name(report)}, not an object"
+    for key in report:
+        if key not in REPORT_KEYS:
+            return f"{REPORT_NAME} has {key[:40]!r}, not one of {', '.join(REPORT_KEYS)}"
+    for key, kind in (("summary", str), ("data", dict), ("findings", list)):
+        value = report.get(key)
+        if value is not None and not isinstance(value, kind):
+            return f"{REPORT_NAME} {key} is {_type_name(value)}, not {_type_name(kind())}"
+    for i, finding in enumerate(report.get("findings") or ()):
+        where = f"{REPORT_NAME} findings[{i}]"
+        problem = _finding_item_problem(where, finding)
+        if problem:
+            return problem
+        if finding["level"] not in REPORT_LEVELS:
+            return f"{where}.level {finding['level'][:40]!r} is not one of {', '.join(REPORT_LEVELS)}"
+    return None
 
 
 def read_result(stdout: bytes, nonce: str) -> Optional[Dict[str, Any]]:
@@ -446,6 +533,15 @@ def _finding_problem(where: str, finding: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _finding_item_problem(where: str, item: Any) -> Optional[str]:
+    """A finding's fields (``FINDING_FIELDS``) and its schema-2 keys."""
+    return _fields_problem(where, item, *FINDING_FIELDS) or _finding_problem(where, item)
+
+
+def _log_item_problem(where: str, item: Any) -> Optional[str]:
+    return _fields_problem(where, item, ("level", "source", "message"))
+
+
 def schema_problem(doc: Any) -> Optional[str]:
     """What is wrong with ``doc`` as a result document (DESIGN.md §4), or None.  Renderers,
     redaction and ``--save`` only ever see documents this accepts."""
@@ -469,14 +565,12 @@ def schema_problem(doc: Any) -> Optional[str]:
         return f"duration_s is {_type_name(doc['duration_s'])}, not a number"
     if not isinstance(doc["data"], dict):
         return f"data is {_type_name(doc['data'])}, not an object"
-    for name, fields, optional in (("findings", ("level", "code", "message"), ("hint", "action", "check")),
-                                   ("log", ("level", "source", "message"), ())):
+    for name, check in (("findings", _finding_item_problem), ("log", _log_item_problem)):
         items = doc[name]
         if not isinstance(items, list):
             return f"{name} is {_type_name(items)}, not a list"
         for i, item in enumerate(items):
-            problem = _fields_problem(f"{name}[{i}]", item, fields, optional) or \
-                (_finding_problem(f"{name}[{i}]", item) if name == "findings" else None)
+            problem = check(f"{name}[{i}]", item)
             if problem:
                 return problem
     error = doc["error"]

@@ -12,8 +12,9 @@ What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
   and removed through directory fds opened with O_NOFOLLOW, never by path; a parent directory
   that another user could change (writable by others without the sticky bit, or owned by
   someone else) is refused as an ``upload`` error;
-- nothing secret stays on the target: ``env:`` values never reach a file, and the header and the
-  result file are gone before the dir is kept (``--keep-remote``) or removed;
+- nothing secret stays on the target: ``env:`` values never reach a file, and the header, the
+  result file and a run-script's $MLDIAG_RESULT file are gone before the dir is kept
+  (``--keep-remote``) or removed;
 - the diagnostic runs as a child in its own process group; this process is its subreaper
   (``PR_SET_CHILD_SUBREAPER``), so descendants that call ``setsid()`` still come back to us and
   are killed — until the kernel says none is left, fork-hoppers too — when the diagnostic ends,
@@ -65,6 +66,11 @@ ACTIVATE_SH = ('[ -r "$MLDIAG_ACTIVATE_SCRIPT" ] || { echo "cannot read $MLDIAG_
 EXIT_ACTIVATE_FAILED = (96, 97, 98)
 # Our own files in the private temp dir; named so a user's script or --put file cannot clash.
 RUNTIME_FILE, HEADER_FILE, RESULT_FILE = ".mldiag-runtime.py", ".mldiag-header.json", ".mldiag-result.json"
+# run-script: where the script may report findings (its path in $MLDIAG_RESULT), read back once
+# the script and all it started are gone: a regular file of at most REPORT_LIMIT bytes, never
+# through a link; its text rides in the result and the client's gate (wire.py) judges it.
+REPORT_FILE, REPORT_ENV = ".mldiag-script-result.json", "MLDIAG_RESULT"
+REPORT_LIMIT = 1024 * 1024   # bytes; wire.MAX_REPORT_BYTES says the same (test_script_result.py)
 CHILD = [None]  # pid of the running diagnostic, for the hangup handler
 SUBREAPER = [False]  # whether orphaned descendants come back to us
 SIGNAL_NAMES = dict((getattr(signal, n), n) for n in dir(signal)
@@ -799,6 +805,8 @@ def start_child(header, tmpdir, out_w, err_w, close_fds, dir_fd, progress_w=None
     extra = dict(header.get("env") or {})   # what the child's environment adds to ours
     extra["MLDIAG_TMPDIR"] = tmpdir
     extra["MLDIAG_TARGET"] = str(header.get("target") or "")
+    if header.get("mode") == "script":
+        extra[REPORT_ENV] = os.path.join(tmpdir, REPORT_FILE)
     if header.get("activate"):
         words = header["activate"]
         extra["MLDIAG_ACTIVATE_SCRIPT"] = words[0]
@@ -1078,8 +1086,55 @@ def supervise(header, private, stdin_fd, started=None):
         outcome = json.loads(data.decode("utf-8")) if data is not None else None
     except ValueError:
         pass
-    return {"ended": ended, "status": status, "outcome": outcome, "out": out, "err": err,
-            "killed": killed, "left": left, "timeout": timeout}
+    run = {"ended": ended, "status": status, "outcome": outcome, "out": out, "err": err,
+           "killed": killed, "left": left, "timeout": timeout}
+    if header.get("mode") == "script":   # read after the kill: nothing of the script can swap it
+        run["reported"] = read_report(private)
+        private.discard(REPORT_FILE)     # like the result file: never left on the target
+    return run
+
+
+def read_report(private):
+    """What a run-script script left at $MLDIAG_RESULT: None when nothing, else ``{"text": ...}``
+    (the file's UTF-8 text, unparsed: the client's gate judges it) or ``{"problem": ...}`` (why it
+    was not read). Only a regular file of at most REPORT_LIMIT bytes is read: a symlink is never
+    followed, a FIFO or a device never opened (lstat first; then O_NOFOLLOW and fstat of what was
+    opened, which must be the file looked at), and no more than the limit and one byte is read."""
+    try:
+        st = os.stat(REPORT_FILE, dir_fd=private.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"problem": "could not be read: %s" % (exc.strerror or exc)}
+    kind = st.st_mode & 0o170000
+    if kind != 0o100000:
+        return {"problem": "is a symbolic link, not followed" if kind == 0o120000 else "is not a regular file"}
+    if st.st_size > REPORT_LIMIT:
+        return {"problem": "holds %d bytes, over the limit of %d" % (st.st_size, REPORT_LIMIT)}
+    chunks, size = [], 0
+    try:
+        fd = os.open(REPORT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     dir_fd=private.fd)
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return {"problem": "was replaced while it was being read"}
+            while size <= REPORT_LIMIT:   # it may have grown since: at most the limit and one byte
+                chunk = os.read(fd, REPORT_LIMIT + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return {"problem": "could not be read: %s" % (exc.strerror or exc)}
+    if size > REPORT_LIMIT:
+        return {"problem": "holds more than %d bytes, the limit" % REPORT_LIMIT}
+    try:
+        return {"text": b"".join(chunks).decode("utf-8")}
+    except UnicodeDecodeError as exc:
+        return {"problem": "is not UTF-8 text (byte %d)" % exc.start}
 
 
 def _status_of(doc_status, findings):
@@ -1157,6 +1212,8 @@ def compose(header, run, started):
                           "stdout_bytes": run["out"].total, "stderr_bytes": run["err"].total}
         if exc:
             result["data"]["exception"] = exc
+        if run.get("reported") is not None:   # judged and merged by the client (wire.py)
+            result["reported"] = run["reported"]
     elif outcome.get("exception"):
         exc = outcome["exception"]
         error("crashed", exc["type"], exc["message"], exc["traceback"])
@@ -1237,6 +1294,7 @@ def main(stdin):
         if private:
             private.discard(HEADER_FILE)
             private.discard(RESULT_FILE)
+            private.discard(REPORT_FILE)
             if header.get("keep"):
                 private.close()
             else:
