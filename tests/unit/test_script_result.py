@@ -7,12 +7,16 @@ frames a runtime sends, and through the real ``mldiag run-script`` on the ``loca
 
 import json
 import os
+import shutil
+import sys
 import textwrap
 import time
 
 import pytest
 
-from diagnostics import wire
+from diagnostics import bundle, runner, wire
+from diagnostics.hops.ssh import SshPool
+from diagnostics.topology import Target
 from tests.programs import load_script, mldiag
 
 NONCE = "0123456789abcdef"
@@ -32,6 +36,12 @@ def private(rt, tmp_path):
     d = rt.PrivateDir.create(str(parent))
     yield d
     d.remove()
+
+
+def run_local(job, **target):
+    """``job`` through the real bootstrap and runtime on the local transport."""
+    return runner.run_one(Target(name="local", local=True, python=sys.executable, **target), job,
+                          SshPool())
 
 
 def report_path(rt, private):
@@ -157,13 +167,8 @@ def test_the_runtime_sets_the_variable_for_scripts_only_and_removes_the_file(rt,
     """Through the real bootstrap and runtime (the local transport): a script, and a shell it
     starts, see $MLDIAG_RESULT in the private dir; a diagnostic does not; a dir kept by
     ``--keep-remote`` holds no $MLDIAG_RESULT file."""
-    import sys
-    from diagnostics import bundle, runner
-    from diagnostics.hops.ssh import SshPool
-    from diagnostics.topology import Target
-    local = Target(name="local", local=True, python=sys.executable, tmpdir=str(tmp_path))
     job = bundle.Job("run-script", "s.py", SH_WRITES.encode(), mode="script", keep_remote=True)
-    r = runner.run_one(local, job, SshPool())
+    r = run_local(job, tmpdir=str(tmp_path))
     kept = r.data["remote_tmpdir"]
     assert r.data["stdout"] == os.path.join(kept, rt.REPORT_FILE) + "\n", r.to_dict()
     assert (r.status, r.summary, r.data.get("reported")) == ("ok", "exit 0", {})
@@ -173,8 +178,25 @@ def test_the_runtime_sets_the_variable_for_scripts_only_and_removes_the_file(rt,
         def build_parser(): return argparse.ArgumentParser()
         def run(args): return {"summary": str(os.environ.get("MLDIAG_RESULT"))}
         """).encode()
-    r = runner.run_one(local, bundle.Job("demo", "demo.py", diagnostic), SshPool())
+    r = run_local(bundle.Job("demo", "demo.py", diagnostic), tmpdir=str(tmp_path))
     assert r.summary == "None", r.to_dict()
+
+
+WORST = """\
+import os, sys
+sys.stdout.write("\\x01" * 3000000)
+sys.stderr.write("\\x01" * 3000000)
+open(os.environ["MLDIAG_RESULT"], "w").write("\\x01" * (1 << 20))
+"""
+
+
+def test_the_largest_report_escaped_at_its_worst_fits_one_frame_beside_the_largest_output():
+    """1 MiB of control characters (6 MiB once JSON-escaped) beside the most of stdout and
+    stderr the runtime keeps, escaped as badly: the gate still reads the frame, and says what
+    is wrong with the file, not that the frame is too big."""
+    r = run_local(bundle.Job("run-script", "worst.py", WORST.encode(), mode="script"))
+    assert r.error.layer == "protocol" and r.data["stdout_bytes"] == 3000000, r.summary
+    assert r.error.message.startswith("the script's $MLDIAG_RESULT is not JSON")
 
 
 # ----------------------------------------------------------------------------- the gate
@@ -411,7 +433,6 @@ def test_keep_remote_keeps_no_report_file(tmp_path):
     try:
         assert doc["summary"] == "s" and os.listdir(kept) == ["-c"]
     finally:
-        import shutil
         shutil.rmtree(kept)
 
 
