@@ -7,12 +7,18 @@ same way; a test says only what differs (its directory, its timeout, its extra v
 Only the standard library here: the lab's self-tests use it too, without importing mldiag.
 """
 
+import atexit
 import contextlib
+import functools
 import importlib.util
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Tuple
 
@@ -23,6 +29,49 @@ INV = [sys.executable, "-m", "invoke"]
 # decide which targets a test reaches. A test that wants it passes it in ``env``.
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
 SCRIPTS = Path(REPO) / "diagnostics" / "scripts"
+
+
+# hosts.yaml's alphabet for a `python:` value (diagnostics/yamlfile.py SAFE_TOKEN), repeated
+# here because this module imports nothing of mldiag.
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9_@%+,./:-]+")
+
+
+@functools.lru_cache(maxsize=None)
+def space_free_python() -> str:
+    """A path to this interpreter that hosts.yaml's ``python:`` accepts, wherever the checkout is:
+    what a test names as a target's interpreter instead of ``sys.executable``.
+
+    CI makes the virtualenv inside the checkout (``.venv``), so a checkout under a path with a
+    space gives ``sys.executable`` a space, which the safe alphabet of ``python:`` refuses (on
+    purpose: the value lands on remote command lines). So: an executable ``/bin/sh`` wrapper,
+    ``exec '<sys.executable>' "$@"``, written once per process into a directory of its own
+    (mkdtemp) under the temporary directory, mode 0755 and the file too (the lab's unprivileged
+    users run it as they could run the interpreter). Always the wrapper, not only when
+    ``sys.executable`` has a space, so that every run goes the way a spaced checkout goes. It
+    execs the real interpreter: same pid, and ``sys.executable`` there (the ``executable`` a
+    target reports) is the real one, with the venv's site-packages."""
+    directory = tempfile.mkdtemp(prefix="mldiag-python-")
+    if not _SAFE_TOKEN.fullmatch(directory):
+        os.rmdir(directory)
+        raise RuntimeError(f"the temporary directory {directory!r} is no safe token either: "
+                           "set TMPDIR to a directory without spaces")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    os.chmod(directory, 0o755)
+    wrapper = os.path.join(directory, "python")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
+def marking_python(directory) -> Tuple[Path, Path]:
+    """(an interpreter, its mark) for a local target in a test that checks whether anything ran
+    on it: DIRECTORY/python-marking, a /bin/sh wrapper that creates DIRECTORY/ran, then execs
+    this interpreter (quoted: a checkout's ``.venv`` may have a space in its path)."""
+    python, mark = Path(directory) / "python-marking", Path(directory) / "ran"
+    python.write_text(f'#!/bin/sh\n: > {shlex.quote(str(mark))}\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return python, mark
 
 
 def program_env(env: Optional[Mapping[str, str]] = None, unset: Iterable[str] = ()) -> dict:

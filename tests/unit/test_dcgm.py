@@ -9,6 +9,7 @@ import collections
 import csv
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -349,7 +350,7 @@ def subprocess_tool(env):
 def fake_env(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "python3").write_text('#!/bin/sh\nexec "%s" -S "$@"\n' % sys.executable)
+    (bindir / "python3").write_text('#!/bin/sh\nexec %s -S "$@"\n' % shlex.quote(sys.executable))
     (bindir / "python3").chmod(0o755)
     (bindir / "dcgmi").symlink_to(FAKE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLDIAG_FAKE_DCGMI")}

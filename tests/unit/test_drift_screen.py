@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.programs import REPO
+from tests.programs import REPO, space_free_python
 from tests.pythons import require_python
 from tests.terminal import TMUX, run_on_screen
 
@@ -40,7 +40,7 @@ def targets(tmp_path_factory):
     hosts = root / "hosts.yaml"
     hosts.write_text(
         "hosts:\n"
-        f"  mlbox: {{local: true, python: {sys.executable}, env: {{NCCL_DEBUG: INFO}}}}\n"
+        f"  mlbox: {{local: true, python: {space_free_python()}, env: {{NCCL_DEBUG: INFO}}}}\n"
         f"  gpubox: {{local: true, python: {root / 'gpubox' / 'bin' / 'python'}}}\n"
         f"  oldbox: {{local: true, python: {root / 'oldbox' / 'bin' / 'python'}}}\n")
     return hosts, versions

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def smi_env(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     wrapper = bindir / "python3"
-    wrapper.write_text('#!/bin/sh\nexec "%s" -S "$@"\n' % sys.executable)  # -S: stdlib is all it needs
+    wrapper.write_text('#!/bin/sh\nexec %s -S "$@"\n' % shlex.quote(sys.executable))  # -S: stdlib is all it needs
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", "%s%s%s" % (bindir, os.pathsep, os.environ.get("PATH", "")))
     for var in ("MLDIAG_FAKE_NVIDIA_SMI", "MLDIAG_FAKE_NVIDIA_SMI_PHASE", "MLDIAG_FAKE_NVIDIA_SMI_EXIT",

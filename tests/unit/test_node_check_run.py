@@ -7,7 +7,6 @@ import io
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 
@@ -17,16 +16,14 @@ from diagnostics import cli, node_check_run, termination, undrain as undrain_mod
 from diagnostics.errors import EXIT_ERROR, InputError
 from diagnostics.outcome import Outcome
 from diagnostics.results import Finding, Result
+from tests.programs import marking_python
 from tests.unit.test_undrain import WindowLogin
 
 
 @pytest.fixture
 def hosts(tmp_path):
     """One local target whose interpreter leaves a mark: whether anything ran on it."""
-    marker = tmp_path / "ran"
-    python = tmp_path / "python-marking"
-    python.write_text(f'#!/bin/sh\n: > "{marker}"\nexec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
+    python, marker = marking_python(tmp_path)
     path = tmp_path / "hosts.yaml"
     path.write_text(f"hosts:\n  here:\n    local: true\n    python: {python}\n")
     return path, marker

@@ -445,6 +445,7 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
     METADATA ``Version:`` sets the title and clears the screen (env-report's drift and full
     views), and a gpu-status answer whose GPU name holds escapes and whose memory is a string
     (an interpreter wrapper rewrites the result document on its way out)."""
+    import shlex
     import sys
     from tests import programs
     repo = __import__("pathlib").Path(programs.REPO)
@@ -453,7 +454,7 @@ def test_a_hostile_local_target_reaches_the_terminal_escaped(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evilpkg\n"
                                    "Version: 1.0\x1b]0;owned\x07\x1b[2J\u202e\n")
     wrapper = tmp_path / "python-rewriting"
-    wrapper.write_text("#!/bin/sh\n" + sys.executable + ' "$@" | sed '
+    wrapper.write_text("#!/bin/sh\n" + shlex.quote(sys.executable) + ' "$@" | sed '
                        r"""'s/"memory_used_mib": [0-9.]*/"memory_used_mib": "lots"/g; """
                        r"""s/"name": "NVIDIA H200"/"name": "H200\\u001b]0;x\\u0007\\u009b2J"/g'""" + "\n")
     wrapper.chmod(0o755)

@@ -8,6 +8,7 @@ import ast
 import glob
 import re
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -362,7 +363,7 @@ def test_missing_interpreter_is_classified():
 def test_interpreter_older_than_3_8_is_classified(tmp_path):
     """A stand-in interpreter that reports 3.6 to stage A (no real 3.6 on this machine)."""
     fake = tmp_path / "python3.6"
-    fake.write_text(f"#!/bin/sh\nexec {PY} -c 'import sys; sys.version_info = (3, 6, 15, \"final\", 0); "
+    fake.write_text(f"#!/bin/sh\nexec {shlex.quote(PY)} -c 'import sys; sys.version_info = (3, 6, 15, \"final\", 0); "
                     f"exec(sys.argv[2])' \"$@\"\n")
     fake.chmod(0o755)
     r = run(OK, target=Target(name="local", local=True, python=str(fake)))

@@ -10,14 +10,13 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 
 import pytest
 
 from diagnostics import termination
 from diagnostics.errors import InputError
 from diagnostics.savedir import SaveDir, result_file_name
-from tests.programs import mldiag
+from tests.programs import marking_python, mldiag
 
 ROOT = os.geteuid() == 0
 
@@ -246,10 +245,7 @@ def test_result_file_names():
 @pytest.fixture
 def marked_local(tmp_path):
     """hosts.yaml with a local target whose interpreter leaves a mark when it is started."""
-    mark = tmp_path / "started"
-    python = tmp_path / "python-marked"
-    python.write_text(f"#!/bin/sh\necho started >> {mark}\nexec {sys.executable} \"$@\"\n")
-    python.chmod(0o755)
+    python, mark = marking_python(tmp_path)
     (tmp_path / "hosts.yaml").write_text(f"hosts:\n  box: {{local: true, python: {python}}}\n")
     return mark
 

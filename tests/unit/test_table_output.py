@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.programs import mldiag
+from tests.programs import mldiag, space_free_python
 
 # Never a developer's own user-level hosts file: these tests read only the files they write.
 ENV = {"XDG_CONFIG_HOME": "/nonexistent-mldiag-test-config", "NO_COLOR": "1"}
@@ -229,7 +229,7 @@ box1     ok      python V as U on H
 def test_extract_smoke_backend_failure_shows_its_traceback_in_the_table(tmp_path):
     from tests.ml import mlenv
     mlenv.require("transformers")
-    (tmp_path / "hosts.yaml").write_text(f"hosts:\n  venvbox: {{local: true, python: {sys.executable}}}\n")
+    (tmp_path / "hosts.yaml").write_text(f"hosts:\n  venvbox: {{local: true, python: {space_free_python()}}}\n")
     (tmp_path / "emptymodel").mkdir()
     r = run(tmp_path, "extract-smoke", "-H", "venvbox", "--model", str(tmp_path / "emptymodel"))
     assert r.returncode == 2, r.stdout + r.stderr

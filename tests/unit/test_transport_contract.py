@@ -19,6 +19,7 @@ from diagnostics.hops.local import LocalTransport
 from diagnostics.hops.slurm import SrunStep
 from diagnostics.hops.ssh import SshPool, SshTransport
 from diagnostics.topology import Target
+from tests.programs import space_free_python
 
 TRANSPORTS = [LocalTransport, SshTransport]
 CONTRACT = {"run": ["argv", "payload", "deadline"], "put": ["data", "path"],
@@ -206,7 +207,7 @@ def fake_cluster(tmp_path, monkeypatch):
     bindir.mkdir()
     _fake_slurm(bindir, log)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    topo = topology.loads(f"hosts:\n  login:\n    local: true\n    python: {sys.executable}\n"
+    topo = topology.loads(f"hosts:\n  login:\n    local: true\n    python: {space_free_python()}\n"
                           f"    slurm: {{nodes: 2}}\n", "h.yaml")
     return topo, log
 
