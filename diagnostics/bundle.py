@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from . import wire
+from . import registry, wire
 from .wire import BOOT, OLD_PYTHON_MARK, STAGE_A, bootstrap_argv, parse_payload
 
 __all__ = ["BOOT", "OLD_PYTHON_MARK", "STAGE_A", "Job", "bootstrap_argv", "build_header",
            "build_payload", "job_files", "new_nonce", "parse_payload", "script_job"]
 
-SCRIPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+SCRIPTS_DIR = registry.SCRIPTS_DIR
 
 
 def _read_runtime() -> bytes:
@@ -56,31 +56,22 @@ class Job:
     own_code: bool = False
 
 
-# Files a script imports or reads from its own directory, shipped beside it in the bundle
-# (the run's private temp dir is on the script's sys.path). One Xid catalog serves three
-# diagnostics; node-check's checks are one module each.
-COMPANIONS: Dict[str, Sequence[str]] = {
-    "gpu-status": ("xid.py", "xid_catalog.json"),
-    "scan-log": ("xid.py", "xid_catalog.json"),
-    "node-check": ("xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py", "ib.py",
-                   "dcgm.py"),
-    "stacks": ("pyframes.py", "flight_recorder.py"),
-}
-
-
-def _read_script_file(name: str) -> bytes:
-    with open(os.path.join(SCRIPTS_DIR, name), "rb") as f:
+def _read_script_file(name: str, directory: str = SCRIPTS_DIR) -> bytes:
+    with open(os.path.join(directory, name), "rb") as f:
         return f.read()
 
 
 def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
-    """A Job for one of our own scripts (``gpu-status`` → ``scripts/gpu_status.py``), with
-    its companion files."""
-    name = diagnostic.replace("-", "_") + ".py"
-    extra = {companion: _read_script_file(companion) for companion in COMPANIONS.get(diagnostic, ())}
+    """A Job for a registered diagnostic (``gpu-status`` → ``scripts/gpu_status.py``), with
+    the companion files its spec names: files it imports or reads from its own directory,
+    shipped beside it (the run's private temp dir is on the script's sys.path)."""
+    spec = registry.get(diagnostic)
+    extra = {companion: _read_script_file(companion, spec.directory)
+             for companion in spec.companions}
     extra.update(kw.pop("extra_files", {}))
     kw.setdefault("own_code", True)
-    return Job(diagnostic=diagnostic, script_name=name, script_source=_read_script_file(name),
+    return Job(diagnostic=diagnostic, script_name=spec.script_name,
+               script_source=_read_script_file(spec.script_name, spec.directory),
                argv=tuple(argv), extra_files=extra, **kw)
 
 

@@ -11,9 +11,9 @@ import os
 import re
 import sys
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO, Union
 
-from . import live, nodeset, render, runner, shards, termination, topology
+from . import jobs, live, nodeset, render, runner, shards, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
 from .outcome import Outcome
@@ -174,6 +174,21 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
         save.close()
         raise
     return save
+
+
+def run_diagnostic(spec, opts: Options, values: Mapping[str, Any], *,
+                   out: Optional[TextIO] = None) -> Outcome:
+    """A registered diagnostic's task (``spec``: ``registry.DiagnosticSpec``): ``values`` checked
+    before anything connects, then the spec's own run, or one fan-out with the spec's fleet
+    judgement and view. A runbook step builds the same job and applies the same judgement
+    (``runbook_run``)."""
+    given = spec.given(values)
+    spec.check(given)
+    opts = spec.options(opts, given)
+    if spec.run is not None:
+        return spec.run(opts, given, out=out)
+    return execute(opts, jobs.job_source(spec.name, given), out=out, after_table=spec.view,
+                   amend=spec.judge(given))
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,

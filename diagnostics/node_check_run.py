@@ -22,7 +22,7 @@ outputs after it (the Slurm step) still run.
 
 import io
 import sys
-from typing import Callable, List, Optional, Sequence, Set, TextIO, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from . import baseline as baseline_mod, cli, drain as drain_mod, jobs, node_view, prom as prom_mod
 from . import results as results_mod, termination, undrain as undrain_mod
@@ -48,23 +48,49 @@ def amend_with(deviations) -> None:
     return amend
 
 
-def execute(opts: cli.Options, values: dict, *, save_baseline: Optional[str] = None,
-            baseline: Optional[str] = None, drain: bool = False, undrain: bool = False,
-            prom: Optional[str] = None, out: Optional[TextIO] = None) -> Outcome:
-    out = out or sys.stdout
-    level = values.get("dcgm_level")
+def check(values: Mapping[str, Any]) -> None:
+    """Bad input among node-check's values (dash names), refused before anything connects."""
+    level = values.get("dcgm-level")
     if level is not None and str(level) not in ("1", "2", "3"):
         raise InputError(f"--dcgm-level: expected 1, 2 or 3, got {level!r}")
-    if drain and undrain:
+    if values.get("drain") and values.get("undrain"):
         raise InputError("--drain and --undrain: give one of them")
-    if prom:
-        prom_mod.check_path(prom)
-    saved = baseline_mod.load(baseline) if baseline else None
-    job = jobs.job_source("node-check", values)
+    if values.get("prom"):
+        prom_mod.check_path(values["prom"])
+
+
+def judge(values: Mapping[str, Any]) -> Callable[[List[Result]], None]:
+    """The fleet judgement of a task and a runbook step alike: every fact that differs from
+    ``--baseline FILE`` (read here, before anything connects: a file that is not a baseline is
+    bad input), else from the majority of the nodes, as findings."""
+    path = values.get("baseline")
+    saved = baseline_mod.load(path) if path else None
 
     def amend(results: List[Result]) -> None:
         amend_with(baseline_mod.deviations(results, saved))(results)
+    return amend
 
+
+def execute(opts: cli.Options, values: dict, *, save_baseline: Optional[str] = None,
+            baseline: Optional[str] = None, drain: bool = False, undrain: bool = False,
+            prom: Optional[str] = None, out: Optional[TextIO] = None) -> Outcome:
+    """``run`` with the client's flags as keywords, checked first (as the task is)."""
+    given = {**{key.replace("_", "-"): value for key, value in values.items()},
+             "save-baseline": save_baseline, "baseline": baseline, "drain": drain,
+             "undrain": undrain, "prom": prom}
+    check(given)
+    return run(opts, given, out=out)
+
+
+def run(opts: cli.Options, values: Mapping[str, Any], *, out: Optional[TextIO] = None) -> Outcome:
+    """The node-check task (``values``: dash names, checked): the diagnostic with its fleet
+    judgement, then the outputs (``finish``); with ``undrain``, inside the drained nodes'
+    maintenance windows."""
+    out = out or sys.stdout
+    save_baseline, prom = values.get("save-baseline"), values.get("prom")
+    drain, undrain = bool(values.get("drain")), bool(values.get("undrain"))
+    amend = judge(values)
+    job = jobs.job_source("node-check", values)
     if not undrain:
         outcome = cli.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
         return finish(opts, outcome, save_baseline, prom, drain=drain, out=out)

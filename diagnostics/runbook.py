@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import jobs
+from . import registry
 from .errors import InputError
 from .results import status_rank
 from .yamlfile import NAME
@@ -102,10 +102,12 @@ class Step:
                  for ref in REFERENCE.findall(value) if ref.startswith("params.")]
         return list(dict.fromkeys(names))
 
-    def resolve(self, params: Mapping[str, str], target: Any) -> Dict[str, Any]:
-        """The arguments for one target; MissingValue when a reference has no value there."""
+    def resolve(self, params: Mapping[str, str], target: Any,
+                names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The arguments for one target (``names``: only these); MissingValue when a reference
+        has no value there."""
         return {key: _substitute(value, params, target) if isinstance(value, str) else value
-                for key, value in self.args}
+                for key, value in self.args if names is None or key in names}
 
 
 @dataclass(frozen=True)
@@ -304,10 +306,10 @@ def _steps(value: Any, at: _At, params: Tuple[Param, ...]) -> Tuple[Step, ...]:
 def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -> Step:
     fields = _fields(value, at, STEP_KEYS)
     if "task" not in fields:
-        raise at.child("task", at.line).error(f"required (one of {', '.join(jobs.TASKS)})")
+        raise at.child("task", at.line).error(f"required (one of {', '.join(registry.names())})")
     task, task_at = fields["task"]
-    if task not in jobs.TASKS:
-        raise task_at.error(jobs.unknown_task(str(task)))
+    if task not in registry.REGISTRY:
+        raise task_at.error(registry.unknown(str(task)))
     step_id = task
     if "id" in fields:
         step_id, id_at = fields["id"]
@@ -324,24 +326,29 @@ def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -
 
 
 def _args(task: str, value: Any, at: _At, params: Tuple[Param, ...]) -> Tuple[Tuple[str, Any], ...]:
-    spec = jobs.TASKS[task]
+    """A step's ``args:``: the task's own flags by their dash names, checked as the task checks
+    them; the few that make no sense in a step (``drain``) are refused with their reason."""
+    spec = registry.get(task)
     mapping = _mapping(value, at)
+    taken = [a for a in spec.args if not a.not_in_runbook]
     args = []
     for name, setting, where in _entries(mapping, at):
         arg = spec.arg(name) if isinstance(name, str) else None
+        if arg is not None and arg.not_in_runbook:
+            raise where.error(f"{task}'s --{name} is not a runbook step's: {arg.not_in_runbook}")
         if arg is None:
-            known = [a.name for a in spec.args]
+            known = [a.name for a in taken]
             listed = ", ".join(known) if known else "none"
             raise where.error(f"{task} has no argument {name!r}{_guess(str(name), known)} "
                               f"(its arguments: {listed})")
         args.append((name, _arg_value(arg, setting, where, params)))
-    for arg in spec.args:
+    for arg in taken:
         if arg.required and arg.name not in mapping:
             raise at.child(arg.name, at.line).error(f"required: {arg.help}")
     return tuple(args)
 
 
-def _arg_value(arg: "jobs.Arg", value: Any, at: _At, params: Tuple[Param, ...]) -> Any:
+def _arg_value(arg: registry.Arg, value: Any, at: _At, params: Tuple[Param, ...]) -> Any:
     if isinstance(value, (_Mapping, _Sequence)) or value is None:
         raise at.error(f"expected a value, got {_show(value)} (write a reference quoted: "
                        "\"{{ params.NAME }}\")")
@@ -355,12 +362,17 @@ def _arg_value(arg: "jobs.Arg", value: Any, at: _At, params: Tuple[Param, ...]) 
     if not isinstance(value, str):
         value = str(value)
     _check_references(value, at, params)
+    if arg.client and any(ref.startswith("target") for ref in REFERENCE.findall(value)):
+        raise at.error(f"{{{{ target.* }}}} in {_show(value)}: --{arg.name} is mldiag's own, "
+                       "one value for the whole step (only params.NAME may be referred to)")
     if REFERENCE.search(value):
         return value
     if arg.kind == "int" and not value.isdigit():
         raise at.error(f"expected a whole number, got {_show(value)}")
     if arg.choices and value not in arg.choices:
         raise at.error(f"{value!r} is not one of {', '.join(arg.choices)}")
+    if arg.kind == "file":      # a local file named in the runbook: beside the runbook
+        return os.path.join(os.path.dirname(os.path.abspath(at.file)), os.path.expanduser(value))
     return value
 
 

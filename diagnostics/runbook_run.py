@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from . import __version__, cli, jobs, render, report, runbook, runner, termination, topology
+from . import __version__, cli, jobs, registry, render, report, runbook, runner, termination, topology
 from .bundle import Job
 from .errors import EXIT_INTERRUPTED, EXIT_OK, InputError, TargetInputError
 from .hops.ssh import SshPool
@@ -180,15 +180,34 @@ def _leave(sr: StepRun, gone: Dict[str, Skip]) -> None:
                                                      f"({step.id}: {status}; stop_if: {step.stop_if})")
 
 
+def _judges(book: Runbook, values: Dict[str, str]) -> Dict[str, Callable[[List[Result]], None]]:
+    """Each step's fleet judgement, as its task applies it (``registry``: node-check's baseline
+    and outliers, stacks' fold), from the step's client-side arguments (one value for the whole
+    step). A step that refers to a parameter not given is skipped on every target: none."""
+    judges = {}
+    for step in book.steps:
+        if any(p not in values for p in step.params):
+            continue
+        spec = registry.get(step.task)
+        judge = spec.judge(step.resolve(values, None, [a.name for a in spec.args if a.client]))
+        if judge is not None:
+            judges[step.id] = judge
+    return judges
+
+
 def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
         parallel: int = runner.DEFAULT_PARALLEL, timeout: Optional[float] = None,
         keep_remote: bool = False, run_many: Callable[..., List[Result]] = runner.run_many,
         on_result: Optional[Callable[[StepRun, Result], None]] = None,
-        on_step: Optional[Callable[[StepRun, List[Target]], None]] = None) -> RunbookRun:
+        on_step: Optional[Callable[[StepRun, List[Target]], None]] = None,
+        judges: Optional[Dict[str, Callable[[List[Result]], None]]] = None) -> RunbookRun:
     """Run every step of ``book`` on ``targets``. ``params``: the command line's, checked here
-    (InputError for an undeclared one). Returns what ran and what was skipped, also when
-    interrupted (``interrupted`` set)."""
+    (InputError for an undeclared one). ``judges``: each step's fleet judgement by step id, as
+    ``_judges`` makes them (made here when not given). Returns what ran and what was skipped,
+    also when interrupted (``interrupted`` set)."""
     values = book.param_values(params)
+    if judges is None:      # bad input (a step's --baseline file) before anything runs
+        judges = _judges(book, values)
     record = RunbookRun(runbook=book, targets=[t.name for t in targets], params=dict(params),
                         started=datetime.now(timezone.utc),
                         placements={t.name: placement(t) for t in targets})
@@ -212,7 +231,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             if not eligible:
                 continue
             arrived: List[Result] = []
-            amend = jobs.TASKS[step.task].amend     # judged on all results: shown after that
+            amend = judges.get(step.id)     # judged on all results: shown after that
 
             def job_for(target: Target, step=step) -> Job:
                 job = _job_for(step, values, target)
@@ -324,7 +343,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
     book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
     given = _parse_params(params)
-    book.param_values(given)
+    judges = _judges(book, book.param_values(given))   # a step's --baseline file read here
     targets = cli.select_targets(opts)
     save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
 
@@ -343,7 +362,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     try:
         record = run(book, targets, given, parallel=parallel or runner.DEFAULT_PARALLEL,
                      timeout=timeout, keep_remote=opts.keep_remote, on_result=on_result,
-                     on_step=on_step)
+                     on_step=on_step, judges=judges)
     finally:
         if live:
             sys.stderr.write("\r\033[K")

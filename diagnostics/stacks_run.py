@@ -119,9 +119,3 @@ def check_values(values: dict) -> None:
             re.compile(str(pattern))
         except re.error as exc:
             raise InputError(f"--match: not a regular expression: {pattern!r} ({exc})") from None
-
-
-def execute(opts: cli.Options, values: dict, *, out: Optional[TextIO] = None) -> Outcome:
-    check_values(values)
-    return cli.execute(opts, jobs.job_source("stacks", values), out=out or sys.stdout,
-                       after_table=render_view, amend=amend)

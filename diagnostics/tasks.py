@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from invoke import Argument, Collection, Exit, Task, task
 
-from . import cli, cmdline, jobs, render, termination
+from . import cli, cmdline, registry, termination
 from .errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
 from .outcome import Outcome
 
@@ -175,15 +175,15 @@ COMMON_HELP = {
 COMMON_METAVARS = {"host": "NAME", "group": "GROUP", "hosts-file": "FILE", "save": "DIR",
                    "parallel": "N", "timeout": "SECONDS"}
 METAVARS: Dict[str, Dict[str, str]] = {
-    **{name: {a.name: a.value_name for a in spec.args} for name, spec in jobs.TASKS.items()},
+    **{spec.name: {a.name: a.value_name for a in spec.args} for spec in registry.BUILTINS},
     "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
                    "put": "FILE"},
     "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
 }
-METAVARS["node-check"].update({"save-baseline": "FILE", "baseline": "FILE", "prom": "FILE"})
 # A task's positional as its usage line shows it (``mldiag scan-log [options] PATH``).
-USAGE = {"scan-log": "PATH", "run-script": "SCRIPT | -c CODE | -  [-- ARG...]",
-         "runbook": "NAME | --list"}
+USAGE = {**{spec.name: spec.positional.value_name for spec in registry.BUILTINS
+            if spec.positional is not None},
+         "run-script": "SCRIPT | -c CODE | -  [-- ARG...]", "runbook": "NAME | --list"}
 
 
 def metavar(task_name: str, arg: str) -> str:
@@ -226,109 +226,42 @@ def hosts(c, host=None, group=None, hosts_file=None, json=False, no_color=False)
                                no_color=no_color))
 
 
-@task(klass=MldiagTask, help=_help())
-def ping(c, host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-         timeout=None, keep_remote=False, diff=False, no_color=False):
-    """Check every layer: ssh, jump, sudo, container, interpreter, private temp dir."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return cli.execute(opts, jobs.job_source("ping", {}))
+# The common flags' parameters, in the order every diagnostic task's signature ends with.
+COMMON_PARAMETERS = (("host", None), ("group", None), ("hosts_file", None), ("json", False),
+                     ("save", None), ("parallel", None), ("timeout", None),
+                     ("keep_remote", False), ("diff", False), ("no_color", False))
 
 
-@task(klass=MldiagTask, help=_help(**jobs.help_for("gpu-status")))
-def gpu_status(c, kernel_log_file=None, expect_idle=False, host=None, group=None, hosts_file=None,
-               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
-               no_color=False):
-    """Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, throttling."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    job = jobs.job_source("gpu-status", dict(kernel_log_file=kernel_log_file, expect_idle=expect_idle))
-    return cli.execute(opts, job, after_table=render.render_gpus, amend=jobs.TASKS["gpu-status"].amend)
+def diagnostic_task(spec: registry.DiagnosticSpec) -> MldiagTask:
+    """The Invoke task of a registered diagnostic: its own arguments as flags (a positional
+    first, then in the spec's order; a bool one a flag without value), the common flags after
+    them, the spec's summary as its docstring; it runs ``cli.run_diagnostic``, the path a
+    runbook step shares."""
+    def parameter(name: str, default=inspect.Parameter.empty) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
 
+    own = sorted(spec.args, key=lambda a: not a.positional)     # stable: the positional first
+    signature = inspect.Signature(
+        [parameter("c")]
+        + [parameter(a.python_name, inspect.Parameter.empty if a.positional else
+                     (False if a.kind == "bool" else None)) for a in own]
+        + [parameter(name, default) for name, default in COMMON_PARAMETERS])
 
-@task(klass=MldiagTask, help=_help(**jobs.help_for("check-attn")))
-def check_attn(c, model=None, attn_implementation=None, model_class=None, host=None, group=None,
-               hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False, diff=False, no_color=False):
-    """Requested vs resolved attention per module (meta-device build), layer types, fast kernels."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return cli.execute(opts, jobs.job_source("check-attn", dict(
-        model=model, attn_implementation=attn_implementation, model_class=model_class)))
+    def body(*args, **kwargs):
+        values = signature.bind(*args, **kwargs)
+        values.apply_defaults()
+        values = dict(values.arguments)
+        del values["c"]
+        common = {name: values.pop(name) for name, _ in COMMON_PARAMETERS}
+        for arg in own:
+            if arg.positional:
+                _not_a_flag(spec.name, arg.what or arg.name, values[arg.python_name])
+        return cli.run_diagnostic(spec, _options(**common), values)
 
-
-@task(klass=MldiagTask, help=_help(
-    full="show every field on every target (default with several targets: only what differs)",
-    **jobs.help_for("env-report")))
-def env_report(c, full=False, imports=None, packages=None, host=None, group=None, hosts_file=None,
-               json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
-               no_color=False):
-    """python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; drift across targets."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    opts.diff = opts.diff or not full
-    job = jobs.job_source("env-report", dict(imports=imports, packages=packages))
-    return cli.execute(opts, job, after_table=None if opts.diff else render.render_full)
-
-
-@task(klass=MldiagTask, help=_help(**jobs.help_for("extract-smoke")))
-def extract_smoke(c, model=None, layers=None, samples=None, data=None, backend=None,
-                  max_tokens=None, device=None, dtype=None, host=None, group=None, hosts_file=None,
-                  json=False, save=None, parallel=None, timeout=None, keep_remote=False, diff=False,
-                  no_color=False):
-    """Hidden-state extraction smoke test: capture layers, check shapes, dtype, finiteness, stats."""
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return cli.execute(opts, jobs.job_source("extract-smoke", dict(
-        model=model, layers=layers, samples=samples, data=data, backend=backend,
-        max_tokens=max_tokens, device=device, dtype=dtype)))
-
-
-@task(klass=MldiagTask, help=_help(**{**jobs.help_for("scan-log"), "path": "log file on the "
-                                      "target (or give it as the first argument: scan-log PATH)"}))
-def scan_log(c, path, lines=None, host=None, group=None, hosts_file=None, json=False, save=None,
-             parallel=None, timeout=None, keep_remote=False, diff=False, no_color=False):
-    """Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid, kills."""
-    _not_a_flag("scan-log", "log path", path)
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return cli.execute(opts, jobs.job_source("scan-log", dict(path=path, lines=lines)))
-
-
-@task(klass=MldiagTask, help=_help(**jobs.help_for("node-check"), **{
-    "save-baseline": "save each node's facts (driver, CUDA, VBIOS, GPUs, NVLinks, PCIe, IB ports, "
-                     "firmware) to FILE, for a later --baseline",
-    "baseline": "report every fact that differs from the baseline in FILE (default: from the "
-                "majority of the selected nodes)",
-    "drain": "Slurm: drain the nodes whose worst action is drain or worse (reason 'mldiag: CODE "
-             "…'); without it the commands are only printed",
-    "undrain": "Slurm: check the nodes mldiag drained inside a maintenance reservation and keep "
-               "resumed those that pass",
-    "prom": "write a Prometheus textfile-collector file (node-exporter) to FILE"}))
-def node_check(c, kernel_log_file=None, since=None, dcgm_level=None, no_dcgm=False,
-               save_baseline=None, baseline=None, drain=False, undrain=False, prom=None,
-               host=None, group=None, hosts_file=None, json=False, save=None, parallel=None,
-               timeout=None, keep_remote=False, diff=False, no_color=False):
-    """A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM."""
-    from . import node_check_run   # here: its drain, undrain and baseline modules (~5 ms)
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return node_check_run.execute(
-        opts, dict(kernel_log_file=kernel_log_file, since=since, dcgm_level=dcgm_level,
-                   no_dcgm=no_dcgm),
-        save_baseline=save_baseline, baseline=baseline, drain=drain, undrain=undrain, prom=prom)
-
-
-@task(klass=MldiagTask, help=_help(**jobs.help_for("stacks")))
-def stacks(c, pid=None, match=None, py_spy=None, native=False, no_upload=False, all_namespaces=False,
-           host=None, group=None, hosts_file=None, json=False, save=None,
-           parallel=None, timeout=None, keep_remote=False, diff=False, no_color=False):
-    """Where every rank of a hung job is: each process's Python stack, folded, the odd one named."""
-    from . import stacks_run
-    opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
-    return stacks_run.execute(opts, dict(pid=pid, match=match, py_spy=py_spy, native=native,
-                                         no_upload=no_upload, all_namespaces=all_namespaces))
+    body.__signature__ = signature
+    body.__name__ = body.__qualname__ = spec.name.replace("-", "_")
+    body.__doc__ = spec.summary
+    return MldiagTask(body, help=_help(**{a.name: a.task_help or a.help for a in spec.args}))
 
 
 @task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(
@@ -404,6 +337,5 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
                                fmt=format)
 
 
-ns = Collection(hosts, ping, gpu_status, check_attn, env_report, extract_smoke, scan_log, node_check,
-                stacks, run_script, runbook)
+ns = Collection(hosts, *(diagnostic_task(spec) for spec in registry.BUILTINS), run_script, runbook)
 ns.configure({"run": {"echo": False}})

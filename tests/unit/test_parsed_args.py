@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from diagnostics import bundle, jobs, runner
+from diagnostics import bundle, jobs, registry, runner
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
 
@@ -97,7 +97,7 @@ SAMPLE_ARGV = {
 
 
 def test_every_task_has_a_sample():
-    assert set(SAMPLE_ARGV) == set(jobs.TASKS)
+    assert set(SAMPLE_ARGV) == set(registry.REGISTRY)
 
 
 @pytest.mark.parametrize("task", sorted(SAMPLE_ARGV))
