@@ -36,32 +36,48 @@ SCRIPTS = Path(REPO) / "diagnostics" / "scripts"
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_@%+,./:-]+")
 
 
-@functools.lru_cache(maxsize=None)
 def space_free_python() -> str:
     """A path to this interpreter that hosts.yaml's ``python:`` accepts, wherever the checkout is:
     what a test names as a target's interpreter instead of ``sys.executable``.
 
     CI makes the virtualenv inside the checkout (``.venv``), so a checkout under a path with a
     space gives ``sys.executable`` a space, which the safe alphabet of ``python:`` refuses (on
-    purpose: the value lands on remote command lines). So: an executable ``/bin/sh`` wrapper,
-    ``exec '<sys.executable>' "$@"``, written once per process into a directory of its own
-    (mkdtemp) under the temporary directory, mode 0755 and the file too (the lab's unprivileged
-    users run it as they could run the interpreter). Always the wrapper, not only when
-    ``sys.executable`` has a space, so that every run goes the way a spaced checkout goes. It
-    execs the real interpreter: same pid, and ``sys.executable`` there (the ``executable`` a
-    target reports) is the real one, with the venv's site-packages."""
-    directory = tempfile.mkdtemp(prefix="mldiag-python-")
+    purpose: the value lands on remote command lines; tests/integration/test_command_lines.py
+    checks every local command line of the run too). So: ``space_free(sys.executable)``, a
+    wrapper that execs the real interpreter: same pid, and ``sys.executable`` there (the
+    ``executable`` a target reports) is the real one, with the venv's site-packages (a symbolic
+    link would lose them: Python looks for ``pyvenv.cfg`` beside the path it was started by)."""
+    return space_free(sys.executable)
+
+
+@functools.lru_cache(maxsize=None)
+def space_free(program: str) -> str:
+    """A path that runs PROGRAM (an executable; its arguments passed on) and is a safe token,
+    for a target's interpreter or a local command line: an executable ``/bin/sh`` wrapper,
+    ``exec '<PROGRAM>' "$@"``, written once per process into a directory of its own (mkdtemp)
+    under the temporary directory, mode 0755 and the file too (the lab's unprivileged users run
+    it as they could run PROGRAM). Always the wrapper, not only when PROGRAM's path has a space,
+    so that every run goes the way a run from a checkout with a space goes."""
+    directory = _wrappers_directory()
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(program))
+    wrapper = os.path.join(directory, f"{len(os.listdir(directory))}-{name}")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nexec {shlex.quote(program)} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
+@functools.lru_cache(maxsize=None)
+def _wrappers_directory() -> str:
+    """The directory of ``space_free``'s wrappers, made on first use, gone when Python exits."""
+    directory = tempfile.mkdtemp(prefix="mldiag-programs-")
     if not _SAFE_TOKEN.fullmatch(directory):
         os.rmdir(directory)
         raise RuntimeError(f"the temporary directory {directory!r} is no safe token either: "
                            "set TMPDIR to a directory without spaces")
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     os.chmod(directory, 0o755)
-    wrapper = os.path.join(directory, "python")
-    with open(wrapper, "w") as f:
-        f.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    os.chmod(wrapper, 0o755)
-    return wrapper
+    return directory
 
 
 def marking_python(directory) -> Tuple[Path, Path]:

@@ -17,7 +17,7 @@ import pytest
 from diagnostics import bundle, runner, wire
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
-from tests.programs import load_script
+from tests.programs import load_script, space_free_python
 
 stage_a = load_script("_stage_a.py", "mldiag_stage_a_under_test")
 
@@ -164,7 +164,7 @@ def test_an_unwritable_cache_still_runs(tmp_path, monkeypatch):
 
 
 def _run(job, code_cache=True):
-    target = Target(name="here", local=True, python=sys.executable, code_cache=code_cache)
+    target = Target(name="here", local=True, python=space_free_python(), code_cache=code_cache)
     return runner.run_one(target, job, SshPool())
 
 

@@ -13,6 +13,7 @@ import pytest
 from diagnostics import bundle, jobs, registry, runner
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
+from tests.programs import space_free_python
 
 SCRIPTS = bundle.SCRIPTS_DIR
 
@@ -43,7 +44,7 @@ def header_of(j):
 
 
 def run_local(j):
-    return runner.run_one(Target(name="local", local=True, python=sys.executable), j, SshPool())
+    return runner.run_one(Target(name="local", local=True, python=space_free_python()), j, SshPool())
 
 
 @pytest.fixture(autouse=True)

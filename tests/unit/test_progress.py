@@ -18,14 +18,14 @@ from diagnostics import bundle, runner, wire
 from diagnostics.hops.local import LocalTransport
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
-from tests.programs import load_script
+from tests.programs import load_script, space_free_python
 
 NONCE = "0123456789abcdef0123456789abcdef"
 MARK = (wire.PROGRESS_MARK % NONCE).encode()
 
 
 def local(**kw):
-    return Target(name="local", local=True, python=sys.executable, **kw)
+    return Target(name="local", local=True, python=space_free_python(), **kw)
 
 
 def job(source, mode="script", argv=()):
@@ -187,9 +187,9 @@ def test_without_a_display_no_progress_line_is_sent_at_all():
     source = b"import logging\nlogging.basicConfig(level=logging.INFO)\nlogging.info('x')\nprint('y')\n"
     j = bundle.Job("run-script", "demo.py", source, mode="script")
     header = bundle.build_header(j, target="local", timeout=30, env={}, activate=(),
-                                 python=sys.executable, nonce=NONCE, tmpdir=None)
+                                 python=space_free_python(), nonce=NONCE, tmpdir=None)
     seen = []
-    out = LocalTransport().run(wire.bootstrap_argv(sys.executable),
+    out = LocalTransport().run(wire.bootstrap_argv(space_free_python()),
                                bundle.build_payload(header, bundle.job_files(j)),
                                deadline=__import__("time").monotonic() + 60, on_stdout=seen.append)
     assert b"@@MLDIAG-PROGRESS" not in out.stdout
@@ -372,7 +372,7 @@ def test_a_display_that_fails_stops_receiving_and_the_run_goes_on():
 
 
 def test_many_targets_report_progress_from_their_own_threads(tmp_path):
-    targets = [Target(name=f"t{i}", local=True, python=sys.executable) for i in range(4)]
+    targets = [Target(name=f"t{i}", local=True, python=space_free_python()) for i in range(4)]
     seen = {}
     lock = threading.Lock()
 
@@ -391,7 +391,7 @@ def test_many_targets_report_progress_from_their_own_threads(tmp_path):
 def test_progress_crosses_from_worker_processes_alike():
     """A sharded run (diagnostics/shards.py) passes each target's progress back to this process:
     the start, then the output line, for every target, secrets masked in the worker."""
-    targets = [Target(name=f"w{i}", local=True, python=sys.executable,
+    targets = [Target(name=f"w{i}", local=True, python=space_free_python(),
                       env=(("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),)) for i in range(4)]
     seen = {}
     lock = threading.Lock()

@@ -19,14 +19,14 @@ from diagnostics import bundle, runner
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
 from tests.lab.util import pids_with_marker
-from tests.programs import load_script
+from tests.programs import load_script, space_free_python
 
 SCRIPTS = os.path.join(os.path.dirname(bundle.__file__), "scripts")
 PY = sys.executable
 
 
 def local(**kw):
-    return Target(name="local", local=True, python=PY, **kw)
+    return Target(name="local", local=True, python=space_free_python(), **kw)
 
 
 def diag_job(source, argv=(), mode="diagnostic", **kw):

@@ -5,7 +5,6 @@ environment and on real local runs (a local target runs the same runtime a remot
 import os
 import platform
 import shutil
-import sys
 from dataclasses import replace
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from diagnostics import bundle, runner, stacks_upload
 from diagnostics.results import Result
 from diagnostics.topology import Target
+from tests.programs import space_free_python
 
 
 def real_py_spy():
@@ -82,7 +82,7 @@ def test_the_runner_runs_the_follow_up_on_the_same_target_in_place_of_the_first(
                              argv=())
     first_job = bundle.Job(diagnostic="probe", script_name="probe.py", script_source=source,
                            argv=(), follow_up=follow)
-    [r] = runner.run_many([Target(name="here", local=True, python=sys.executable)], first_job)
+    [r] = runner.run_many([Target(name="here", local=True, python=space_free_python())], first_job)
     assert [s.summary for s in seen] == ["probe.py"]         # the first run had no extra file
     assert r.status == "ok" and "shipped.bin" in r.summary.split()
     assert r.duration_s >= seen[0].duration_s

@@ -17,7 +17,7 @@ from diagnostics.hops import base, chain_for
 from diagnostics.hops.local import LocalTransport
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
-from tests.programs import load_script
+from tests.programs import load_script, space_free, space_free_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNTIME_PATH = os.path.join(REPO, "diagnostics", "scripts", "_runtime.py")
@@ -131,13 +131,13 @@ def test_the_transport_is_handed_only_the_bootstrap_and_the_payload(monkeypatch)
     """).encode()
     job = bundle.Job("run-script", "probe-name.py", source, argv=("--flag", "a b", "$HOME"),
                      mode="script", extra_files={"data.bin": b"\x00\xffput"}, timeout=42)
-    target = Target(name="rec", local=True, python=sys.executable,
+    target = Target(name="rec", local=True, python=space_free_python(),
                     env=(("SECRET_TOKEN", "s3cr3t-value"), ("PLAIN", "v")))
     result = runner.run_one(target, job, SshPool())
     assert result.status == "ok", result.to_dict()
     assert "00ff707574" in result.data["stdout"] and "$HOME" in result.data["stdout"]
     [(argv, payload)] = calls
-    assert argv == [sys.executable, "-c", wire.BOOT]
+    assert argv == [target.python, "-c", wire.BOOT]
     stage_a, runtime, header, files = wire.parse_payload(payload)
     assert stage_a == wire.STAGE_A
     with open(RUNTIME_PATH, "rb") as f:
@@ -147,7 +147,7 @@ def test_the_transport_is_handed_only_the_bootstrap_and_the_payload(monkeypatch)
     assert header == {"v": 1, "diagnostic": "run-script", "target": "rec", "mode": "script",
                       "script": "probe-name.py", "argv": ["--flag", "a b", "$HOME"],
                       "env": {"SECRET_TOKEN": "s3cr3t-value", "PLAIN": "v"}, "timeout": 42,
-                      "keep": False, "activate": [], "python": sys.executable,
+                      "keep": False, "activate": [], "python": target.python,
                       "code_digests": {}}   # a user's script is never kept in a code cache
     assert not any("probe-name" in token or "s3cr3t" in token for token in argv)
 
@@ -358,10 +358,10 @@ def test_well_formed_documents_pass_whole():
 
 def test_the_runtime_s_own_answers_pass():
     """Every shape the real runtime produces (ok, crashed, script mode) passes validation."""
-    ok = runner.run_one(Target(name="l", local=True, python=sys.executable),
+    ok = runner.run_one(Target(name="l", local=True, python=space_free_python()),
                         bundle.script_job("ping"), SshPool())
     assert ok.status == "ok", ok.to_dict()
-    crashed = runner.run_one(Target(name="l", local=True, python=sys.executable),
+    crashed = runner.run_one(Target(name="l", local=True, python=space_free_python()),
                              bundle.Job("demo", "d.py", b"import argparse\n"
                                         b"def build_parser(): return argparse.ArgumentParser()\n"
                                         b"def run(a): raise KeyError()\n"), SshPool())
@@ -380,7 +380,7 @@ def test_an_excerpt_is_bounded_and_has_no_raw_control_characters():
 
 def hostile(mode, **env):
     pairs = (("HOSTILE_MODE", mode),) + tuple((k, str(v)) for k, v in env.items())
-    return Target(name=f"hostile-{mode}", local=True, python=HOSTILE, env=pairs)
+    return Target(name=f"hostile-{mode}", local=True, python=space_free(HOSTILE), env=pairs)
 
 
 @pytest.mark.parametrize("mode", ["status-list", "doc-list", "finding-str", "error-str",
@@ -395,7 +395,7 @@ def test_a_malformed_frame_is_that_targets_protocol_row(mode):
 
 
 def test_malformed_targets_cost_no_other_target_its_row():
-    targets = [hostile("status-list"), Target(name="good", local=True, python=sys.executable),
+    targets = [hostile("status-list"), Target(name="good", local=True, python=space_free_python()),
                hostile("deep"), hostile("marker-flood", HOSTILE_COUNT=20000)]
     got = runner.run_many(targets, bundle.script_job("ping"), parallel=4)
     assert [r.target for r in got] == [t.name for t in targets]
@@ -460,7 +460,7 @@ def test_stdout_keeps_room_for_a_whole_maximal_frame():
 
 def test_a_target_that_never_reads_its_stdin_costs_the_deadline_not_a_hang():
     import time
-    never = os.path.join(REPO, "tests", "fixtures", "hostile", "never-reads")
+    never = space_free(os.path.join(REPO, "tests", "fixtures", "hostile", "never-reads"))
     started = time.monotonic()
     out = LocalTransport().run([never], b"x" * (8 * 2**20), time.monotonic() + 2)
     assert out.timed_out and out.exit_code is None
