@@ -8,7 +8,6 @@ while it ran.
 
 import json
 import os
-import sys
 import textwrap
 import threading
 

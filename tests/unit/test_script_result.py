@@ -8,7 +8,6 @@ frames a runtime sends, and through the real ``mldiag run-script`` on the ``loca
 import json
 import os
 import shutil
-import sys
 import textwrap
 import time
 
@@ -17,7 +16,7 @@ import pytest
 from diagnostics import bundle, runner, wire
 from diagnostics.hops.ssh import SshPool
 from diagnostics.topology import Target
-from tests.programs import load_script, mldiag
+from tests.programs import load_script, mldiag, space_free_python
 
 NONCE = "0123456789abcdef"
 # Never a developer's own user-level hosts file: these tests run on the built-in `local` target.
@@ -40,7 +39,7 @@ def private(rt, tmp_path):
 
 def run_local(job, **target):
     """``job`` through the real bootstrap and runtime on the local transport."""
-    return runner.run_one(Target(name="local", local=True, python=sys.executable, **target), job,
+    return runner.run_one(Target(name="local", local=True, python=space_free_python(), **target), job,
                           SshPool())
 
 
