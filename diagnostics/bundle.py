@@ -54,6 +54,9 @@ class Job:
     # mldiag's own code (script_job: the script and its companions), which a target may keep
     # compiled in its code cache; a user's script (run-script) never is.
     own_code: bool = False
+    # a team's diagnostic (team.py): its run() value is sent as it is and checked by the client,
+    # which names the file (wire.take_returned)
+    team: bool = False
 
 
 def _read_script_file(name: str, directory: str = SCRIPTS_DIR) -> bytes:
@@ -69,7 +72,9 @@ def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
     extra = {companion: _read_script_file(companion, spec.directory)
              for companion in spec.companions}
     extra.update(kw.pop("extra_files", {}))
-    kw.setdefault("own_code", True)
+    kw.setdefault("own_code", spec.builtin)
+    kw.setdefault("team", not spec.builtin)
+    kw.setdefault("timeout", spec.timeout)
     return Job(diagnostic=diagnostic, script_name=spec.script_name,
                script_source=_read_script_file(spec.script_name, spec.directory),
                argv=tuple(argv), extra_files=extra, **kw)
@@ -87,6 +92,8 @@ def build_header(job: Job, *, target: str, timeout: float, env: Dict[str, str],
               "activate": list(activate), "python": python}
     if tmpdir:
         header["tmpdir"] = tmpdir
+    if job.team and job.mode == "diagnostic":
+        header["returned"] = True
     if job.own_code and job.mode == "diagnostic":
         args = parsed_args(job.script_name, job.script_source, tuple(job.argv))
         if args is not None:

@@ -84,3 +84,18 @@ def lost_values(written: Sequence[Optional[str]], given: Sequence[str]) -> List[
     missing = Counter(written)
     missing.subtract(Counter(given))
     return [value for value in dict.fromkeys(written) if missing[value] > 0]
+
+
+def hosts_file_in(argv: Sequence[str]) -> Optional[str]:
+    """The last ``--hosts-file FILE`` (or ``=FILE``) of a command line, before any ``--``: the
+    hosts file is read for its ``diagnostics:`` before the task name is known."""
+    found = None
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word == "--hosts-file" and i + 1 < len(words):
+            found = words[i + 1]
+        elif word.startswith("--hosts-file="):
+            found = word[len("--hosts-file="):]
+    return found

@@ -55,6 +55,9 @@ def job_source(task: str, values: Mapping[str, Any]) -> Callable[[Target], bundl
                 continue
             elif arg.kind == "bool":
                 argv.append(arg.script_flag)
+            elif arg.repeatable:    # argparse's append: the flag once per value
+                items = [value] if isinstance(value, str) else list(value)
+                argv += [f"{arg.script_flag}={item}" for item in items]
             else:   # one token, --flag=VALUE: a value starting with '-' is never a flag
                 argv.append(f"{arg.script_flag}={value}")
         least = spec.least_timeout(given)

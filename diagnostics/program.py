@@ -21,10 +21,10 @@ from typing import List, Optional, Sequence, Tuple
 from .lean_imports import import_invoke
 
 import_invoke()   # before any `import invoke`: without unittest.mock, with the installed PyYAML
-from invoke import Exit, Program  # noqa: E402
+from invoke import Argument, Exit, Program  # noqa: E402
 from invoke.parser import ParseError, Parser, ParserContext  # noqa: E402
 
-from . import __version__, tasks, topology
+from . import __version__, cmdline, registry, tasks, topology
 from .errors import EXIT_BAD_INPUT
 from .tasks import COMMON_HELP, USAGE, metavar, ns
 
@@ -77,9 +77,39 @@ def parse_error_message(exc: ParseError, refused: Sequence[Tuple[str, str]] = ()
     return f"mldiag: {text}"
 
 
+# The tasks whose run never needs a team's diagnostics: a command line naming one of them (the
+# hot path) reads no hosts file and no team directory before the task itself does.
+NO_TEAM_NEEDED = frozenset(registry.REGISTRY) | {"hosts", "run-script"}
+DIAGNOSTICS_DIR_HELP = ("a directory of your own diagnostics (NAME.py files; repeatable; after "
+                        "the hosts file's diagnostics:)")
+
+
 class MldiagProgram(Program):
+    team_problems: Tuple = ()
+
     def core_args(self):
-        return [a for a in super().core_args() if a.name not in NOT_MLDIAG]
+        return [a for a in super().core_args() if a.name not in NOT_MLDIAG] + [
+            Argument(names=("diagnostics-dir",), kind=list, help=DIAGNOSTICS_DIR_HELP)]
+
+    def parse_collection(self) -> None:
+        """The built-in tasks, and a team's diagnostics unless the command line names a task that
+        needs none (``NO_TEAM_NEEDED``): ``--list``, ``--help``, ``runbook`` and any other name
+        read the hosts file's ``diagnostics:``, each ``--diagnostics-dir`` and the installed
+        ``mldiag.diagnostics`` packages (``team.discover``). A team file that is not a diagnostic
+        mldiag can run is bad input when its task is named (exit 4, its file and line)."""
+        super().parse_collection()
+        word = self.core.unparsed[0] if self.core.unparsed else None
+        dirs = self.args["diagnostics-dir"].value or []
+        if word in NO_TEAM_NEEDED and not dirs:
+            return
+        from . import team
+        found = team.discover(cmdline.hosts_file_in(self.core.unparsed), dirs)
+        registry.use(found)
+        self.collection = self.scoped_collection = tasks.collection(found)
+        self.team_problems = found.problems
+        problem = found.problem_of(word) if word else None
+        if problem is not None:
+            raise Exit(f"mldiag: {registry.unknown(word)}", code=EXIT_BAD_INPUT)
 
     def _refused_core(self):
         return [a for a in super().core_args() if a.name in NOT_MLDIAG]
@@ -146,8 +176,14 @@ class MldiagProgram(Program):
         print(root_help(self.collection), end="")
 
     def list_tasks(self) -> None:
+        """The tasks; then each team file that is not a diagnostic mldiag can run, on stderr
+        with exit 4 (as ``runbook --list`` says of a broken runbook file)."""
         print("Tasks:\n" + _rows([(n, _first_line(self.collection[n]))
                                   for n in self.collection.tasks]), end="")
+        if self.team_problems:
+            sys.stdout.flush()
+            raise Exit("".join(f"mldiag: {p}\n" for p in self.team_problems).rstrip("\n"),
+                       code=EXIT_BAD_INPUT)
 
     def print_task_help(self, name: str) -> None:
         print(task_help(name, self.collection[name], self.parser.contexts[name]), end="")
@@ -236,6 +272,7 @@ def root_help(collection) -> str:
                                             "--help)"),
                ("-V, --version", "mldiag's version"),
                ("-l, --list", "the tasks and what each answers"),
+               ("--diagnostics-dir=DIR", DIAGNOSTICS_DIR_HELP),
                ("--print-completion-script=SHELL", "tab completion for bash, zsh or fish")]),
     ]
     return "".join(parts)

@@ -50,6 +50,7 @@ class Arg:
     positional: bool = False
     task_help: str = ""          # the task flag's help where it says more than the step's
     what: str = ""               # a positional's noun in errors (``log path``)
+    repeatable: bool = False     # argparse's action="append": the flag again, a list in a step
 
     @property
     def script_flag(self) -> str:
@@ -97,6 +98,10 @@ class DiagnosticSpec:
     script: str = ""             # file in ``directory`` (default: NAME with _ for -, .py)
     companions: Tuple[str, ...] = ()   # files beside the script, shipped with it
     directory: str = SCRIPTS_DIR
+    # one of mldiag's own (its parser read on the client, kept in a target's code cache), or a
+    # team's (team.py: read with ast here, parsed and run on the target only)
+    builtin: bool = True
+    timeout: Optional[float] = None    # the job's, unless --timeout (a team file's TIMEOUT)
     # argv the target itself adds (gpu-status: --expect-gpus from hosts.yaml ``gpus:``)
     target_argv: Callable[[Any], List[str]] = _no_target_argv
     # the least timeout a run with these argument values needs (node-check --dcgm-level 3)
@@ -340,19 +345,58 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
 )
 
 REGISTRY: Dict[str, DiagnosticSpec] = {spec.name: spec for spec in BUILTINS}
+# mldiag's tasks that are not diagnostics: no team diagnostic may take their names either
+OTHER_TASKS = ("hosts", "run-script", "runbook")
+# every diagnostic task's common flags (tasks.py gives them their defaults and help): no
+# diagnostic's own argument may take one of these names
+COMMON_FLAGS = ("host", "group", "hosts-file", "json", "save", "parallel", "timeout",
+                "keep-remote", "diff", "no-color")
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The diagnostics one run knows: the built-ins, and a team's (``team.discover``), with the
+    team files that could not be read as one (``problems``: each names its file and line)."""
+    specs: Mapping[str, DiagnosticSpec]
+    problems: Tuple[Any, ...] = ()        # team.Problem
+
+    def problem_of(self, name: str) -> Optional[Any]:
+        return next((p for p in self.problems if p.task == name), None)
+
+
+BUILTIN = Registry(REGISTRY)
+_current = BUILTIN
+
+
+def current() -> Registry:
+    """The registry of this run: the built-ins, or what ``use`` set (the program does, once it
+    knows the hosts file and the --diagnostics-dir directories)."""
+    return _current
+
+
+def use(registry: Registry) -> Registry:
+    """Make ``registry`` this run's; returns the one it replaces."""
+    global _current
+    previous, _current = _current, registry
+    return previous
 
 
 def get(name: str) -> DiagnosticSpec:
-    """The spec of ``name``; KeyError when there is none (``unknown`` words the refusal)."""
-    return REGISTRY[name]
+    """The spec of ``name`` in this run's registry; KeyError when there is none (``unknown``
+    words the refusal)."""
+    return _current.specs[name]
 
 
 def names() -> List[str]:
-    return list(REGISTRY)
+    return list(_current.specs)
 
 
-def unknown(name: str, known: Optional[Sequence[str]] = None) -> str:
-    known = list(REGISTRY) if known is None else list(known)
+def unknown(name: str) -> str:
+    """Why ``name`` is not a task here: a team file's problem, or no such task."""
+    problem = _current.problem_of(name)
+    if problem is not None:
+        return f"task {name!r} cannot run: {problem}"
+    known = names()
     close = difflib.get_close_matches(name, known, n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown task {name!r} ({guess}tasks: {', '.join(known)})"

@@ -30,7 +30,7 @@ Every error names the file, the line and the key, like hosts.yaml's (exit 4).
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import registry
@@ -98,16 +98,16 @@ class Step:
     @property
     def params(self) -> List[str]:
         """Names of the parameters the arguments refer to, in order."""
-        names = [ref.split(".", 1)[1] for _key, value in self.args if isinstance(value, str)
-                 for ref in REFERENCE.findall(value) if ref.startswith("params.")]
+        names = [ref.split(".", 1)[1] for _key, value in self.args for text in _texts(value)
+                 for ref in REFERENCE.findall(text) if ref.startswith("params.")]
         return list(dict.fromkeys(names))
 
     def resolve(self, params: Mapping[str, str], target: Any,
                 names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """The arguments for one target (``names``: only these); MissingValue when a reference
         has no value there."""
-        return {key: _substitute(value, params, target) if isinstance(value, str) else value
-                for key, value in self.args if names is None or key in names}
+        return {key: _resolved(value, params, target) for key, value in self.args
+                if names is None or key in names}
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,19 @@ class Runbook:
 def _guess(name: str, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _texts(value: Any) -> List[str]:
+    """The strings of an argument's value: itself, or each item of a repeatable one's list."""
+    if isinstance(value, str):
+        return [value]
+    return [item for item in value if isinstance(item, str)] if isinstance(value, tuple) else []
+
+
+def _resolved(value: Any, params: Mapping[str, str], target: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_resolved(item, params, target) for item in value)
+    return _substitute(value, params, target) if isinstance(value, str) else value
 
 
 def _substitute(text: str, params: Mapping[str, str], target: Any) -> str:
@@ -308,7 +321,7 @@ def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -
     if "task" not in fields:
         raise at.child("task", at.line).error(f"required (one of {', '.join(registry.names())})")
     task, task_at = fields["task"]
-    if task not in registry.REGISTRY:
+    if task not in registry.current().specs:
         raise task_at.error(registry.unknown(str(task)))
     step_id = task
     if "id" in fields:
@@ -349,6 +362,9 @@ def _args(task: str, value: Any, at: _At, params: Tuple[Param, ...]) -> Tuple[Tu
 
 
 def _arg_value(arg: registry.Arg, value: Any, at: _At, params: Tuple[Param, ...]) -> Any:
+    if arg.repeatable and isinstance(value, _Sequence):     # the flag once per item
+        return tuple(_arg_value(replace(arg, repeatable=False), item, at.item(i, line), params)
+                     for i, (item, line) in enumerate(zip(value, value.item_lines)))
     if isinstance(value, (_Mapping, _Sequence)) or value is None:
         raise at.error(f"expected a value, got {_show(value)} (write a reference quoted: "
                        "\"{{ params.NAME }}\")")

@@ -139,7 +139,7 @@ def _run_one(target: Target, job: bundle.Job, pool: SshPool, step: Optional[Srun
 
     stderr = _tail(output.stderr)
     try:
-        doc = wire.read_result(output.stdout, nonce)
+        doc = wire.read_result(output.stdout, nonce, job.script_name if job.team else None)
     except wire.ProtocolError as exc:
         return failed("protocol", f"the target answered with a malformed result: {exc}",
                       type="ProtocolError", stderr=stderr)

@@ -175,7 +175,6 @@ COMMON_HELP = {
 COMMON_METAVARS = {"host": "NAME", "group": "GROUP", "hosts-file": "FILE", "save": "DIR",
                    "parallel": "N", "timeout": "SECONDS"}
 METAVARS: Dict[str, Dict[str, str]] = {
-    **{spec.name: {a.name: a.value_name for a in spec.args} for spec in registry.BUILTINS},
     "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
                    "put": "FILE"},
     "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
@@ -187,6 +186,10 @@ USAGE = {**{spec.name: spec.positional.value_name for spec in registry.BUILTINS
 
 
 def metavar(task_name: str, arg: str) -> str:
+    spec = registry.current().specs.get(task_name)
+    own = spec.arg(arg) if spec is not None else None
+    if own is not None:
+        return own.value_name
     return METAVARS.get(task_name, {}).get(arg) or COMMON_METAVARS.get(arg) or "VALUE"
 
 
@@ -261,7 +264,8 @@ def diagnostic_task(spec: registry.DiagnosticSpec) -> MldiagTask:
     body.__signature__ = signature
     body.__name__ = body.__qualname__ = spec.name.replace("-", "_")
     body.__doc__ = spec.summary
-    return MldiagTask(body, help=_help(**{a.name: a.task_help or a.help for a in spec.args}))
+    return MldiagTask(body, help=_help(**{a.name: a.task_help or a.help for a in spec.args}),
+                      iterable=[a.python_name for a in spec.args if a.repeatable])
 
 
 @task(klass=RunScriptTask, iterable=["arg", "put"], help=_help(
@@ -337,5 +341,13 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
                                fmt=format)
 
 
-ns = Collection(hosts, *(diagnostic_task(spec) for spec in registry.BUILTINS), run_script, runbook)
-ns.configure({"run": {"echo": False}})
+def collection(found: registry.Registry) -> Collection:
+    """Every task of a run: hosts, each diagnostic of ``found`` (the built-ins first, then a
+    team's), run-script and runbook."""
+    tasks = Collection(hosts, *(diagnostic_task(spec) for spec in found.specs.values()),
+                       run_script, runbook)
+    tasks.configure({"run": {"echo": False}})
+    return tasks
+
+
+ns = collection(registry.BUILTIN)

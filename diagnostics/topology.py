@@ -192,6 +192,8 @@ class Topology:
     default_targets: Tuple[str, ...] = ("local",)
     # runbooks: directories (absolute), each with the file and line that named it
     runbook_dirs: Tuple[Tuple[str, str, int], ...] = ()
+    # diagnostics: a team's diagnostics directories (team.py), the same way
+    diagnostic_dirs: Tuple[Tuple[str, str, int], ...] = ()
     # where the file came from (``load``); whether ``defaults.targets`` was written in it
     origin: HostsFile = field(default=HostsFile(None), compare=False)
     default_targets_given: bool = field(default=False, compare=False)
@@ -489,11 +491,11 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
     "reservation": expect_argument,
     "defaults": _keep, "hosts": _keep, "groups": _keep, "targets": _keep,
-    "containers": _keep, "slurm": _keep, "runbooks": _keep,
+    "containers": _keep, "slurm": _keep, "runbooks": _keep, "diagnostics": _keep,
 }
 _WRITTEN_AS_TEXT = ("id",)   # a number here is a name: keep its spelling
 
-TOP_KEYS = ("defaults", "hosts", "groups", "runbooks")
+TOP_KEYS = ("defaults", "hosts", "groups", "runbooks", "diagnostics")
 CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_timeout",
                    "host_key_policy", "persist")
 RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
@@ -825,12 +827,13 @@ def _default_targets(defaults: _Fields, targets: Dict[str, Target],
     return tuple(_unique(names))
 
 
-def _runbook_dirs(top: _Fields, path: str) -> Tuple[Tuple[str, str, int], ...]:
-    """``runbooks:`` a directory or a list of them, relative to the hosts file. Whether they
-    exist is checked by ``runbook`` only, so a missing one never blocks the other tasks."""
-    if "runbooks" not in top.values:
+def _dirs(top: _Fields, path: str, key: str) -> Tuple[Tuple[str, str, int], ...]:
+    """``runbooks:`` or ``diagnostics:``: a directory or a list of them, relative to the hosts
+    file. Whether they exist is checked by their readers only (``runbook``, ``team``), so a
+    missing one never blocks the other tasks."""
+    if key not in top.values:
         return ()
-    value, where = top.values["runbooks"], top.places["runbooks"]
+    value, where = top.values[key], top.places[key]
     items = ([(v, where.item(i, line)) for i, (v, line) in enumerate(zip(value, value.item_lines))]
              if isinstance(value, LineSequence) else [(value, where)])
     base = os.path.dirname(os.path.abspath(path))
@@ -874,6 +877,7 @@ def _build(document: Any, path: str) -> Topology:
                              top.places.get("groups", top.at.child("groups", 1)), targets)
     return Topology(path=path, targets=targets, groups=groups,
                     default_targets=_default_targets(defaults, targets, groups),
-                    runbook_dirs=_runbook_dirs(top, path),
+                    runbook_dirs=_dirs(top, path, "runbooks"),
+                    diagnostic_dirs=_dirs(top, path, "diagnostics"),
                     origin=HostsFile(path, "--hosts-file"),
                     default_targets_given="targets" in defaults.values)

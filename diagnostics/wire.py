@@ -46,7 +46,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .results import ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, with_report
+from .results import ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, with_findings, with_report
 
 BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 OLD_PYTHON_MARK = "@@MLDIAG-OLD-PYTHON"
@@ -280,10 +280,11 @@ def bounded_values(value: Any) -> Any:
     return value
 
 
-def decode_result(frame: bytes) -> Dict[str, Any]:
+def decode_result(frame: bytes, returned_by: Optional[str] = None) -> Dict[str, Any]:
     """The frame's document, parsed only once its size and depth are known to be bounded, its
     numbers bounded and its strings encodable (``bounded_values``), and checked against the
-    result schema."""
+    result schema. ``returned_by``: the team diagnostic's file the job ran, whose run() value
+    the runtime sends as it is (``take_returned``)."""
     if len(frame) > MAX_RESULT_BYTES:
         raise ProtocolError(f"the result is {len(frame)} bytes, over the "
                             f"{MAX_RESULT_BYTES // 2**20} MiB limit", frame)
@@ -301,6 +302,30 @@ def decode_result(frame: bytes) -> Dict[str, Any]:
         raise ProtocolError(problem, frame)
     if "reported" in doc:
         doc = take_report(doc, frame)
+    if "returned" in doc:
+        doc = take_returned(doc, frame, returned_by)
+    return doc
+
+
+def take_returned(doc: Dict[str, Any], frame: bytes, script: Optional[str]) -> Dict[str, Any]:
+    """A team diagnostic's result: what its ``run(args)`` returned (``returned``, sent by the
+    runtime as it was) checked as a $MLDIAG_RESULT report is (``report_problem``: an object of
+    ``summary``, ``findings``, ``data``) and made the document: its findings, the status of the
+    worst of them, its summary (else the status), its data. Anything else is that target's
+    ``protocol`` error naming the file. A ``returned`` from a job that is not a team's is the
+    runtime's fault, a ProtocolError as any other."""
+    returned = doc.pop("returned")
+    if script is None:
+        raise ProtocolError("returned in the result of a diagnostic that is not a team's", frame)
+    problem = report_problem(returned, f"{script}'s run() value")
+    if problem:
+        return report_refused(doc, problem)
+    findings = returned.get("findings") or []
+    doc["findings"] = findings
+    doc["status"] = with_findings("ok", [f["level"] for f in findings])
+    summary = returned.get("summary")
+    doc["summary"] = summary if summary and summary.strip() else doc["status"]
+    doc["data"] = returned.get("data") or {}
     return doc
 
 
@@ -355,21 +380,22 @@ def parse_report(text: str) -> Dict[str, Any]:
     return report
 
 
-def report_problem(report: Any) -> Optional[str]:
-    """What is wrong with a parsed $MLDIAG_RESULT file, or None: an object of ``REPORT_KEYS``
+def report_problem(report: Any, name: str = REPORT_NAME) -> Optional[str]:
+    """What is wrong with a parsed $MLDIAG_RESULT file (or what ``name`` says: a team
+    diagnostic's run() value), or None: an object of ``REPORT_KEYS``
     only (each may be absent or null), ``summary`` a string, ``data`` an object, ``findings`` a
     list of findings as a result's are, each of a level in ``REPORT_LEVELS``."""
     if not isinstance(report, dict):
-        return f"{REPORT_NAME} holds {_type_name(report)}, not an object"
+        return f"{name} holds {_type_name(report)}, not an object"
     for key in report:
         if key not in REPORT_KEYS:
-            return f"{REPORT_NAME} has {key[:40]!r}, not one of {', '.join(REPORT_KEYS)}"
+            return f"{name} has {key[:40]!r}, not one of {', '.join(REPORT_KEYS)}"
     for key, kind in (("summary", str), ("data", dict), ("findings", list)):
         value = report.get(key)
         if value is not None and not isinstance(value, kind):
-            return f"{REPORT_NAME} {key} is {_type_name(value)}, not {_type_name(kind())}"
+            return f"{name} {key} is {_type_name(value)}, not {_type_name(kind())}"
     for i, finding in enumerate(report.get("findings") or ()):
-        where = f"{REPORT_NAME} findings[{i}]"
+        where = f"{name} findings[{i}]"
         problem = _finding_item_problem(where, finding)
         if problem:
             return problem
@@ -378,12 +404,12 @@ def report_problem(report: Any) -> Optional[str]:
     return None
 
 
-def read_result(stdout: bytes, nonce: str) -> Optional[Dict[str, Any]]:
+def read_result(stdout: bytes, nonce: str, returned_by: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """This run's validated result document from the target's stdout; None when no frame
     came back at all (the hops then classify what went wrong); ProtocolError when one came
-    back malformed."""
+    back malformed. ``returned_by``: as ``decode_result``."""
     frame = find_frame(stdout, nonce)
-    return None if frame is None else decode_result(frame)
+    return None if frame is None else decode_result(frame, returned_by)
 
 
 # ----------------------------------------------------------------------------- progress

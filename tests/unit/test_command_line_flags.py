@@ -297,6 +297,8 @@ Other options:
   -h [TASK], --help[=TASK]    this help, or TASK's (the same as mldiag TASK --help)
   -V, --version               mldiag's version
   -l, --list                  the tasks and what each answers
+  --diagnostics-dir=DIR       a directory of your own diagnostics (NAME.py files; repeatable; after
+                              the hosts file's diagnostics:)
   --print-completion-script=SHELL
                               tab completion for bash, zsh or fish
 """
