@@ -40,6 +40,7 @@ class Options:
     keep_remote: bool = False
     diff: bool = False
     no_color: bool = False
+    quiet: bool = False      # nothing on stderr while it runs (api.run: a team's own task prints)
 
 
 def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = False) -> Optional[float]:
@@ -62,7 +63,8 @@ def select_targets(opts: Options, *, note: Optional[TextIO] = None) -> List[Targ
     topo = topology.load(opts.hosts_file)
     targets = _select(topo, opts.host, opts.group)
     note = note if note is not None else sys.stderr
-    if not (opts.host or opts.group) and topo.default_targets_given and _isatty(note):
+    if not (opts.host or opts.group) and topo.default_targets_given and not opts.quiet \
+            and _isatty(note):
         note.write(f"mldiag: no -H/-g: running on defaults.targets from "
                    f"{os.path.abspath(topo.path)}: {topology.fold_names(topo.default_targets)}\n")
         note.flush()
@@ -176,6 +178,13 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
     return save
 
 
+def configured(config: Any, name: str) -> Any:
+    """``mldiag.NAME`` in an Invoke config (a team's ``tasks.py`` sets defaults there, see
+    ``api.collection``); None where it is not set."""
+    section = config.get("mldiag") if config is not None else None
+    return section.get(name) if section is not None else None
+
+
 def run_diagnostic(spec, opts: Options, values: Mapping[str, Any], *,
                    out: Optional[TextIO] = None) -> Outcome:
     """A registered diagnostic's task (``spec``: ``registry.DiagnosticSpec``): ``values`` checked
@@ -223,7 +232,8 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
 
     # One line per running target on a terminal's stderr (never with --json, never on a pipe);
     # one target's run-script shows its output as it comes.
-    progress = live.open_area(sys.stderr, [t.name for t in targets], enabled=not opts.json,
+    progress = live.open_area(sys.stderr, [t.name for t in targets],
+                              enabled=not (opts.json or opts.quiet),
                               passthrough=len(targets) == 1 and job_for(targets[0]).mode == "script")
     finished: List[Result] = []
 

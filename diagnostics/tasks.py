@@ -235,6 +235,10 @@ COMMON_PARAMETERS = (("host", None), ("group", None), ("hosts_file", None), ("js
                      ("keep_remote", False), ("diff", False), ("no_color", False))
 
 
+# Common flags whose default an Invoke config's ``mldiag`` section may give.
+CONFIGURABLE = ("hosts_file", "parallel", "timeout")
+
+
 def diagnostic_task(spec: registry.DiagnosticSpec) -> MldiagTask:
     """The Invoke task of a registered diagnostic: its own arguments as flags (a positional
     first, then in the spec's order; a bool one a flag without value), the common flags after
@@ -254,8 +258,11 @@ def diagnostic_task(spec: registry.DiagnosticSpec) -> MldiagTask:
         values = signature.bind(*args, **kwargs)
         values.apply_defaults()
         values = dict(values.arguments)
-        del values["c"]
+        config = getattr(values.pop("c"), "config", None)
         common = {name: values.pop(name) for name, _ in COMMON_PARAMETERS}
+        for name in CONFIGURABLE:           # a team's tasks.py may set defaults (api.collection)
+            if common[name] is None:
+                common[name] = cli.configured(config, name)
         for arg in own:
             if arg.positional:
                 _not_a_flag(spec.name, arg.what or arg.name, values[arg.python_name])
