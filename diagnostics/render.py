@@ -284,7 +284,7 @@ def _tail(text: Optional[str], limit: int = OUTPUT_TAIL_LINES) -> List[str]:
     return out + [_clip(line, OUTPUT_LINE_CHARS) for line in shown]
 
 
-def _output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
+def output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
     """``(label, lines)`` for what a result carries in ``data`` that a user reads in the table:
     run-script's stdout and stderr tails and its traceback; a backend's failure traceback
     (``data.error.traceback``, e.g. extract-smoke's ``backend-failed``). Whole tracebacks."""
@@ -308,18 +308,29 @@ def _output_blocks(result: Result) -> List[Tuple[str, List[str]]]:
     return blocks
 
 
+def output_groups(results: Sequence[Result]) -> List[Tuple[List[str], List[Tuple[str, List[str]]]]]:
+    """``(targets, blocks)``: the results' output blocks, targets whose blocks read the same (run
+    directories aside) together, in the results' order; targets without output left out."""
+    groups: Dict[str, Tuple[List[str], List[Tuple[str, List[str]]]]] = {}
+    for result in results:
+        blocks = output_blocks(result)
+        if blocks:
+            groups.setdefault(_run_free(blocks), ([], blocks))[0].append(result.target)
+    return list(groups.values())
+
+
 def _output_lines(group: Group, streamed: Collection[str] = ()) -> List[str]:
     """The output blocks of a group's first result (its others' when they are the same): the
     label at the finding indent, the text under the message column. A target in ``streamed``
     had its output (traceback included) written live above the table: only a pointer to it."""
-    blocks = _output_blocks(group.first)
+    blocks = output_blocks(group.first)
     if not blocks:
         return []
     if len(group.results) == 1 and group.first.target in streamed:
         return [f"{DETAIL_INDENT}{SHOWN_ABOVE}"]
     out = []
     others = [r.target for r in group.results[1:]
-              if _run_free(_output_blocks(r)) != _run_free(blocks)]
+              if _run_free(output_blocks(r)) != _run_free(blocks)]
     if others:
         verb = "differs" if len(others) == 1 else "differ"
         out.append(f"{DETAIL_INDENT}output of {_cell(group.first.target)} "

@@ -124,6 +124,14 @@ def _step_label(sr) -> str:
     return f"{sr.number}. {sr.step.id}"
 
 
+def _title(run, sr) -> str:
+    """The step's title: as written, else its default (a run-script step's script's base name,
+    with the run's parameters as the report shows them, or "inline code")."""
+    book = run.runbook
+    values = {p.name: p.default for p in book.params if p.default is not None}
+    return sr.step.heading({**values, **_shown_params(run)})
+
+
 def _cell_of(sr, target: str) -> str:
     status = sr.status_of(target)
     if status is not None:
@@ -184,7 +192,8 @@ def _summary(run) -> List[str]:
              "|---|" + "---|" * len(heads)]
     for i, sr in enumerate(run.steps):
         cells = [_cell(column[i]) for column in columns]
-        title = f": {_cell(sr.step.title)}" if sr.step.title else ""
+        heading = _title(run, sr)
+        title = f": {_cell(heading)}" if heading else ""
         lines.append(f"| {_cell(_step_label(sr))}{title} | " + " | ".join(cells) + " |")
     return lines
 
@@ -272,13 +281,24 @@ def _drift(results: Sequence[Result]) -> List[str]:
     return lines + [f"- {_md(row)}" for row in rows]
 
 
-DETAILS = {"gpu-status": _gpu_table, "env-report": _drift}
+def _script_output(results: Sequence[Result]) -> List[str]:
+    """run-script: the tails of each target's stdout and stderr, and its traceback, as the
+    table shows them (targets whose output reads the same: once)."""
+    lines: List[str] = []
+    for targets, blocks in render.output_groups(results):
+        for label, text in blocks:
+            lines += ["", f"{label} of {_md(_fold(targets))}:", ""] + _fence("\n".join(text))
+    return lines
+
+
+DETAILS = {"gpu-status": _gpu_table, "env-report": _drift, "run-script": _script_output}
 
 
 def _steps(run) -> List[str]:
     lines = ["## Steps"]
     for sr in run.steps:
-        title = f": {_md(sr.step.title)}" if sr.step.title else ""
+        heading = _title(run, sr)
+        title = f": {_md(heading)}" if heading else ""
         task = f" ({_md(sr.step.task)})" if sr.step.task != sr.step.id else ""
         lines += ["", f"### {_md(_step_label(sr))}{task}{title}", ""]
         if not sr.results:
@@ -346,7 +366,7 @@ def report_dict(run, *, version: str) -> Dict[str, Any]:
         "status": worst_status(r.status for r in results) if results else None,
         "exit_code": run.exit_code, "interrupted": run.interrupted,
         "steps": [{"number": sr.number, "id": sr.step.id, "task": sr.step.task,
-                   "title": sr.step.title, "args": dict(sr.step.args),
+                   "title": _title(run, sr), "args": dict(sr.step.args),
                    "results": [r.to_dict() for r in sr.results],
                    "skipped": [{"target": s.target, "kind": s.kind, "reason": s.reason}
                                for s in sr.skipped]} for sr in run.steps],

@@ -17,6 +17,12 @@ The file ``NAME.yaml`` in a runbook directory defines the runbook ``NAME``::
         task: scan-log
         when: gpu-status.warn                                   # only where gpu-status was ≥ warn
         args: {path: "{{ params.log }}", lines: "{{ params.lines }}"}
+      - id: link                                                # a local script, run as
+        task: run-script                                        #   `run-script` runs it
+        args:
+          script: checks/link.py                                # beside this file (or code: |)
+          args: [--iface, "{{ params.iface }}"]                 # the script's arguments
+          put: [checks/limits.json]                             # local files shipped beside it
 
 References (in any string argument, Ansible-style, quoted in YAML): ``{{ params.NAME }}``,
 ``{{ target.name }}``, ``{{ target.model }}`` (its first ``models:`` path),
@@ -24,13 +30,20 @@ References (in any string argument, Ansible-style, quoted in YAML): ``{{ params.
 default skips every step that refers to it; a target setting a target lacks skips the step on
 that target. Keys starting with ``x-`` are free for team metadata, as in hosts.yaml.
 
+A ``run-script`` step's ``script:`` and ``put:`` files are this machine's, read before anything
+runs (one file for the whole step: only ``{{ params.NAME }}`` may be referred to there): a path
+written in the runbook is relative to the runbook's directory; one that starts with a reference
+(``script: "{{ params.check }}"``) is the user's, relative to the current directory; ``~``
+is expanded in both. ``code:`` is inline Python, taken as written (no references). Its title
+defaults to the script's base name, or "inline code".
+
 Every error names the file, the line and the key, like hosts.yaml's (exit 4).
 """
 
 import difflib
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import registry
@@ -42,6 +55,7 @@ from .yamlfile import LineMapping as _Mapping
 from .yamlfile import LineSequence as _Sequence
 from .yamlfile import expect_mapping as _mapping
 from .yamlfile import expect_string as _string
+from .yamlfile import is_number as _is_number
 from .yamlfile import items_at as _entries
 from .yamlfile import parse as _parse_yaml
 from .yamlfile import show as _show
@@ -53,6 +67,11 @@ MAX_FILE_BYTES = 2**20
 RUNBOOK_KEYS = ("name", "description", "params", "steps")
 PARAM_KEYS = ("description", "default")
 STEP_KEYS = ("task", "id", "title", "args", "when", "stop_if", "timeout")
+# run-script as a step: not a registered diagnostic (its job is the task's, from local files)
+SCRIPT_TASK = "run-script"
+SCRIPT_KEYS = ("script", "code", "args", "put")
+SCRIPT_REQUIRED = ("the script to run (a local file, relative to the runbook), or code: "
+                   "(inline Python)")
 # A step's status at which its when:/stop_if: hold ("at least"); ok would always hold.
 CONDITION_STATUSES = ("warn", "fail", "error")
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -94,11 +113,15 @@ class Step:
     stop_if: Optional[str] = None
     timeout: Optional[float] = None
     line: int = 0
+    # run-script: where each of its local files was named (``script``, ``put[1]``, and ``args``
+    # for the step's), for an error found when they are read
+    where: Tuple[Tuple[str, _At], ...] = field(default=(), compare=False)
 
     @property
     def params(self) -> List[str]:
         """Names of the parameters the arguments refer to, in order."""
-        names = [ref.split(".", 1)[1] for _key, value in self.args for text in _texts(value)
+        names = [ref.split(".", 1)[1] for key, value in self.args if key not in _LITERAL
+                 for text in _texts(value)
                  for ref in REFERENCE.findall(text) if ref.startswith("params.")]
         return list(dict.fromkeys(names))
 
@@ -106,8 +129,33 @@ class Step:
                 names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """The arguments for one target (``names``: only these); MissingValue when a reference
         has no value there."""
-        return {key: _resolved(value, params, target) for key, value in self.args
-                if names is None or key in names}
+        return {key: value if key in _LITERAL else _resolved(value, params, target)
+                for key, value in self.args if names is None or key in names}
+
+    def local_files(self, params: Mapping[str, str]) -> List[Tuple[str, str, _At]]:
+        """run-script: ``(key, path, where)`` of its script and each put file for this run,
+        absolute (a path that started with a reference: from the current directory);
+        MissingValue when a parameter they name is not given."""
+        args = dict(self.args)
+        named = ([("script", args["script"])] if "script" in args else []) + \
+            [(f"put[{i}]", path) for i, path in enumerate(args.get("put", ()))]
+        where = dict(self.where)
+        return [(key, os.path.abspath(os.path.expanduser(_substitute(path, params, None))),
+                 where[key]) for key, path in named]
+
+    def heading(self, params: Mapping[str, str]) -> str:
+        """The title as written; a run-script step's default: its script's base name (its
+        references replaced by ``params`` where they can be) or "inline code"."""
+        args = dict(self.args)
+        if self.title or self.task != SCRIPT_TASK:
+            return self.title
+        if "script" not in args:
+            return "inline code"
+        try:
+            path = _substitute(args["script"], params, None)
+        except MissingValue:
+            path = args["script"]
+        return os.path.basename(path) or path
 
 
 @dataclass(frozen=True)
@@ -135,6 +183,9 @@ class Runbook:
 def _guess(name: str, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_LITERAL = ("code",)      # taken as written: Python's own {{ }} are no references
 
 
 def _texts(value: Any) -> List[str]:
@@ -319,10 +370,10 @@ def _steps(value: Any, at: _At, params: Tuple[Param, ...]) -> Tuple[Step, ...]:
 def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -> Step:
     fields = _fields(value, at, STEP_KEYS)
     if "task" not in fields:
-        raise at.child("task", at.line).error(f"required (one of {', '.join(registry.names())})")
+        raise at.child("task", at.line).error(f"required (one of {', '.join(_step_tasks())})")
     task, task_at = fields["task"]
-    if task not in registry.current().specs:
-        raise task_at.error(registry.unknown(str(task)))
+    if task not in registry.current().specs and task != SCRIPT_TASK:
+        raise task_at.error(_unknown_task(str(task)))
     step_id = task
     if "id" in fields:
         step_id, id_at = fields["id"]
@@ -330,12 +381,95 @@ def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -
             raise id_at.error(f"{_show(step_id)} is not a valid step id: use only [A-Za-z0-9._-], "
                               "not starting with '.' or '-'")
     title = _string(*fields["title"], "a one-line title") if "title" in fields else ""
-    args = _args(task, *fields.get("args", (None, at.child("args", at.line))), params)
+    args_at = fields.get("args", (None, at.child("args", at.line)))
+    where: Tuple[Tuple[str, _At], ...] = ()
+    if task == SCRIPT_TASK:
+        args, where = _script_args(*args_at, params)
+    else:
+        args = _args(task, *args_at, params)
     when = _when(*fields["when"], earlier) if "when" in fields else ()
     stop_if = _status(*fields["stop_if"]) if "stop_if" in fields else None
     timeout = _timeout(*fields["timeout"]) if "timeout" in fields else None
     return Step(id=step_id, task=task, title=title, args=args, when=when, stop_if=stop_if,
-                timeout=timeout, line=at.line)
+                timeout=timeout, line=at.line, where=where)
+
+
+def _step_tasks() -> List[str]:
+    return registry.names() + [SCRIPT_TASK]
+
+
+def _unknown_task(task: str) -> str:
+    """``registry.unknown``'s words, run-script among the tasks a step may name."""
+    if registry.current().problem_of(task) is not None:
+        return registry.unknown(task)
+    known = _step_tasks()
+    close = difflib.get_close_matches(task, known, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown task {task!r} ({guess}tasks: {', '.join(known)})"
+
+
+def _script_args(value: Any, at: _At, params: Tuple[Param, ...]
+                 ) -> Tuple[Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, _At], ...]]:
+    """A run-script step's ``args:`` (``script`` or ``code``, ``args``, ``put``) and where its
+    local files are named. The argv's items may refer to the target; the files, read on this
+    machine for the whole step, only to parameters."""
+    fields = {}
+    for name, setting, where in _entries(_mapping(value, at), at):
+        if name not in SCRIPT_KEYS:
+            raise where.error(f"{SCRIPT_TASK} has no argument {name!r}"
+                              f"{_guess(str(name), SCRIPT_KEYS)} (its arguments: "
+                              f"{', '.join(SCRIPT_KEYS)})")
+        fields[name] = (setting, where)
+    if "script" not in fields and "code" not in fields:
+        raise at.child("script", at.line).error(f"required: {SCRIPT_REQUIRED}")
+    if "script" in fields and "code" in fields:
+        raise fields["code"][1].error("give script: or code:, not both")
+    args: List[Tuple[str, Any]] = []
+    places = [("args", at)]
+    for name, (setting, where) in fields.items():
+        if name == "code":
+            args.append((name, _string(setting, where, "Python code")))
+        elif name == "script":
+            args.append((name, _local_path(setting, where, params, "the script")))
+            places.append((name, where))
+        elif name == "put":
+            items = _items(setting, where, "a list of local files (relative to the runbook)")
+            args.append((name, tuple(_local_path(item, item_at, params, "a put file")
+                                     for item, item_at in items)))
+            places += [(f"put[{i}]", item_at) for i, (_item, item_at) in enumerate(items)]
+        else:
+            items = _items(setting, where, "a list of strings (the script's arguments)")
+            args.append((name, tuple(_script_arg(item, item_at, params) for item, item_at in items)))
+    return tuple(args), tuple(places)
+
+
+def _items(value: Any, at: _At, what: str) -> List[Tuple[Any, _At]]:
+    if not isinstance(value, _Sequence):
+        raise at.error(f"expected {what}, got {_show(value)}")
+    return [(item, at.item(i, line)) for i, (item, line) in enumerate(zip(value, value.item_lines))]
+
+
+def _script_arg(value: Any, at: _At, params: Tuple[Param, ...]) -> str:
+    if _is_number(value):       # YAML's 010 or 1e3 would not reach the script as written
+        raise at.error(f"expected a string (quote a number), got {_show(value)}")
+    if not isinstance(value, str):
+        raise at.error(f"expected a string, got {_show(value)}")
+    _check_references(value, at, params)
+    return value
+
+
+def _local_path(value: Any, at: _At, params: Tuple[Param, ...], what: str) -> str:
+    """A local file of a run-script step: written in the runbook, relative to its directory
+    (made absolute here); starting with a reference (``{{ params.check }}``), the user's: kept
+    as written, relative to the current directory once resolved."""
+    path = _string(value, at, "a path")
+    _check_references(path, at, params)
+    if any(ref.startswith("target") for ref in REFERENCE.findall(path)):
+        raise at.error(f"{{{{ target.* }}}} in {_show(path)}: {what} is read on this machine, one "
+                       "file for the whole step (only params.NAME may be referred to)")
+    if REFERENCE.match(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(at.file)), os.path.expanduser(path))
 
 
 def _args(task: str, value: Any, at: _At, params: Tuple[Param, ...]) -> Tuple[Tuple[str, Any], ...]:

@@ -16,6 +16,9 @@ Semantics (README "Runbooks" says the same for users):
 - A Slurm login target's allocation is made at its first step and shared by the later ones
   (released when the runbook ends, in every outcome); its rows (``cluster-a:n3``)
   count for it: conditions see the worst of them.
+- A step's local files are read before anything runs: a node-check step's ``baseline:``
+  (``_judges``), a run-script step's script and put files (``_scripts``: its job is the
+  task's, with each target's arguments); one that cannot be read is bad input (exit 4).
 - The exit code is the worst status of the steps that ran (skipped ones do not count);
   130 when interrupted, 143 / 129 when ended by TERM / HUP (the report of what ran is still
   written).
@@ -42,6 +45,7 @@ from .results import Result, exit_code, worst_status
 from .runbook import Runbook, Step
 from .savedir import SaveDir, result_file_name
 from .topology import Target
+from .yamlfile import At
 
 DROP_LAYERS = ("unreachable", "auth", "hostkey", "become", "container", "interpreter", "upload")
 FORMATS = ("md", "json")
@@ -124,13 +128,63 @@ def _owner_of(name: str, targets: Sequence[Target]) -> str:
     return next((n for n in names if n.split(":", 1)[0] == base), name)
 
 
-def _job_for(step: Step, values: Dict[str, str], target: Target) -> Job:
-    """The step's job on one target: MissingValue or TargetInputError when it cannot run."""
+def _job_for(step: Step, values: Dict[str, str], target: Target,
+             scripts: Dict[str, Job]) -> Job:
+    """The step's job on one target: MissingValue or TargetInputError when it cannot run. A
+    run-script step's is its job as read before the run (``_scripts``) with this target's
+    arguments: the task's job for the same script, files and arguments."""
+    if step.task == runbook.SCRIPT_TASK:
+        return replace(scripts[step.id], argv=tuple(step.resolve(values, target, ["args"])
+                                                    .get("args", ())))
     return jobs.job_source(step.task, step.resolve(values, target))(target)
 
 
+def _scripts(book: Runbook, values: Dict[str, str]) -> Dict[str, Job]:
+    """Each run-script step's job, its arguments aside: its script (or code) and put files read
+    now, before anything runs, as ``run-script`` reads them (``cli.script_file_job`` /
+    ``cli.script_code_job``). A file that cannot be read or shipped is bad input naming the
+    runbook's file:line:key. A step that refers to a parameter not given: none (it is skipped
+    on every target)."""
+    found = {}
+    for step in book.steps:
+        if step.task != runbook.SCRIPT_TASK or any(p not in values for p in step.params):
+            continue
+        args = dict(step.args)
+        files = step.local_files(values)
+        names = {} if "script" in args else {"-c": "code:"}    # the bundle's name for code
+        for _key, path, where in files:
+            _check_local_file(path, where, names)
+        puts = [path for key, path, _where in files if key != "script"]
+        try:
+            if "code" in args:
+                found[step.id] = cli.script_code_job("-c", os.fsencode(args["code"]), (), puts)
+            else:
+                found[step.id] = cli.script_file_job(files[0][1], (), puts)
+        except InputError as exc:     # what the checks above did not foresee (a file gone since)
+            raise dict(step.where)["args"].error(exc.reason) from None
+    return found
+
+
+def _check_local_file(path: str, where: At, names: Dict[str, str]) -> None:
+    """A run-script step's file: readable, and a name the run's directory can take (none of the
+    runtime's, none twice); ``names``: the names taken so far."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise where.error(f"{path}: {exc.strerror or exc}") from None
+    if name.startswith(cli.OWN_FILES):
+        raise where.error(f"{path}: a name starting with {cli.OWN_FILES!r} is mldiag's own in the "
+                          "run's directory (the runtime's files, the $MLDIAG_RESULT file)")
+    if name in names:
+        raise where.error(f"{path}: two uploaded files would be named {name!r}")
+    names[name] = path
+
+
 def _plan(sr: StepRun, targets: Sequence[Target], values: Dict[str, str],
-          gone: Dict[str, Skip], earlier: Dict[str, StepRun]) -> List[Target]:
+          gone: Dict[str, Skip], earlier: Dict[str, StepRun],
+          scripts: Dict[str, Job]) -> List[Target]:
     """The targets this step runs on; every other target gets its Skip."""
     step = sr.step
     missing = [p for p in step.params if p not in values]
@@ -151,7 +205,7 @@ def _plan(sr: StepRun, targets: Sequence[Target], values: Dict[str, str],
                     break
             if skip is None:
                 try:
-                    _job_for(step, values, target)
+                    _job_for(step, values, target, scripts)
                 except (runbook.MissingValue, TargetInputError) as exc:
                     skip = Skip(target.name, "setting", str(exc))
         if skip is None:
@@ -186,7 +240,7 @@ def _judges(book: Runbook, values: Dict[str, str]) -> Dict[str, Callable[[List[R
     step). A step that refers to a parameter not given is skipped on every target: none."""
     judges = {}
     for step in book.steps:
-        if any(p not in values for p in step.params):
+        if step.task == runbook.SCRIPT_TASK or any(p not in values for p in step.params):
             continue
         spec = registry.get(step.task)
         judge = spec.judge(step.resolve(values, None, [a.name for a in spec.args if a.client]))
@@ -200,14 +254,18 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
         keep_remote: bool = False, run_many: Callable[..., List[Result]] = runner.run_many,
         on_result: Optional[Callable[[StepRun, Result], None]] = None,
         on_step: Optional[Callable[[StepRun, List[Target]], None]] = None,
-        judges: Optional[Dict[str, Callable[[List[Result]], None]]] = None) -> RunbookRun:
+        judges: Optional[Dict[str, Callable[[List[Result]], None]]] = None,
+        scripts: Optional[Dict[str, Job]] = None) -> RunbookRun:
     """Run every step of ``book`` on ``targets``. ``params``: the command line's, checked here
     (InputError for an undeclared one). ``judges``: each step's fleet judgement by step id, as
-    ``_judges`` makes them (made here when not given). Returns what ran and what was skipped,
-    also when interrupted (``interrupted`` set)."""
+    ``_judges`` makes them; ``scripts``: each run-script step's job, as ``_scripts`` reads them
+    (each made here when not given). Returns what ran and what was skipped, also when
+    interrupted (``interrupted`` set)."""
     values = book.param_values(params)
     if judges is None:      # bad input (a step's --baseline file) before anything runs
         judges = _judges(book, values)
+    if scripts is None:     # and a run-script step's files
+        scripts = _scripts(book, values)
     record = RunbookRun(runbook=book, targets=[t.name for t in targets], params=dict(params),
                         started=datetime.now(timezone.utc),
                         placements={t.name: placement(t) for t in targets})
@@ -225,7 +283,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
                 sr.skipped = [Skip(t.name, "interrupted", "the run was interrupted")
                               for t in targets]
                 continue
-            eligible = _plan(sr, targets, values, gone, by_id)
+            eligible = _plan(sr, targets, values, gone, by_id, scripts)
             if on_step:
                 on_step(sr, eligible)
             if not eligible:
@@ -234,7 +292,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
             amend = judges.get(step.id)     # judged on all results: shown after that
 
             def job_for(target: Target, step=step) -> Job:
-                job = _job_for(step, values, target)
+                job = _job_for(step, values, target, scripts)
                 limit = timeout if timeout is not None else step.timeout
                 return replace(job, timeout=limit if limit is not None else job.timeout,
                                keep_remote=keep_remote or job.keep_remote)
@@ -343,7 +401,9 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     parallel = cli.parse_positive_number("--parallel", opts.parallel, integer=True)
     book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
     given = _parse_params(params)
-    judges = _judges(book, book.param_values(given))   # a step's --baseline file read here
+    values = book.param_values(given)
+    judges = _judges(book, values)        # a step's --baseline file read here,
+    scripts = _scripts(book, values)      # and a run-script step's files
     targets = cli.select_targets(opts)
     save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
 
@@ -362,7 +422,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     try:
         record = run(book, targets, given, parallel=parallel or runner.DEFAULT_PARALLEL,
                      timeout=timeout, keep_remote=opts.keep_remote, on_result=on_result,
-                     on_step=on_step, judges=judges)
+                     on_step=on_step, judges=judges, scripts=scripts)
     finally:
         if live:
             sys.stderr.write("\r\033[K")
