@@ -516,3 +516,13 @@ def test_mldiag_runbook_refuses_a_missing_script_before_anything_runs(tmp_path):
                         "No such file or directory\n")
     assert r.stdout == "" and not mark.exists() and not (tmp_path / "out").exists()
 
+
+def test_the_docs_example_is_a_valid_runbook(tmp_path):
+    docs = open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "docs", "runbooks.md")).read()
+    example = docs.split("## A run-script step", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    steps = runbook.loads(example, str(tmp_path / "link-check.yaml")).steps
+    assert [(s.id, s.task, s.heading({})) for s in steps] == [
+        ("link", "run-script", "link.py"), ("closer", "run-script", "counters, only where the link is slow"),
+        ("gpu-status", "gpu-status", "")]
+    assert dict(steps[0].args)["put"] == (str(tmp_path / "checks" / "limits.json"),)
