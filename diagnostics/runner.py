@@ -199,7 +199,8 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
     pool.hold = hold
     # NOTE: each target in flight holds descriptors; past RLIMIT_NOFILE they fail with EMFILE
     workers = max(1, min(parallel, 256, concurrent_runs_allowed()))
-    ex = ThreadPoolExecutor(max_workers=workers)
+    stopper = local.Stopper()       # this fan-out's local children (an interrupt stops them)
+    ex = ThreadPoolExecutor(max_workers=workers, initializer=local.answer_to, initargs=(stopper,))
     allocations: List[SlurmAllocation] = []
     try:
         planned = _plan(targets, job_for, pool, ex, allocations, keep_allocations)
@@ -241,7 +242,7 @@ def run_many(targets: Sequence[Target], job: Union[bundle.Job, Callable[[Target]
                 on_result(result)
         return results
     except KeyboardInterrupt:   # Ctrl-C, TERM, HUP: local children are told as remote ones are
-        local.stop_running()
+        stopper.stop()
         raise
     finally:
         # On Ctrl-C: drop queued targets; closing the pool below ends the running ones

@@ -6,27 +6,57 @@ import shlex
 import subprocess
 import threading
 import time
-from typing import Sequence, Set
+from typing import Optional, Sequence, Set
 
 from .. import wire
 from .base import (OnStdout, ProcessOutput, StreamCapture, Transport, descriptors_error,
                    out_of_descriptors, record_command)
 
 
-# One event per local child running now; set by stop_running() (an interrupted run).
-_running: Set[threading.Event] = set()
-_running_lock = threading.Lock()
+class Stopper:
+    """The local children of one fan-out (``runner.run_many``): ``stop()`` (an interrupted run)
+    tells each one running that the client is going away — its stdin is closed, which the
+    runtime takes as the signal to kill its diagnostic and leave, as closing the SSH
+    connections does for remote targets (a local child is in its own session, so a Ctrl-C on
+    the terminal never reaches it) — and no child starts after it. A child is registered
+    before it is started: a signal that lands while a worker is starting one (between the fork
+    and the registration, it was never told, and the process waited for it at exit) finds its
+    event, and a worker that only now reaches its target starts nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: Set[threading.Event] = set()
+        self.stopped = False
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            events = list(self._events)
+        for event in events:
+            event.set()
+
+    def register(self) -> Optional[threading.Event]:
+        """An event for a child about to start; None once stopped (start nothing)."""
+        with self._lock:
+            if self.stopped:
+                return None
+            event = threading.Event()
+            self._events.add(event)
+            return event
+
+    def unregister(self, event: threading.Event) -> None:
+        with self._lock:
+            self._events.discard(event)
 
 
-def stop_running() -> None:
-    """Tell every local child running now that the client is going away: its stdin is closed,
-    which the runtime takes as the signal to kill its diagnostic and leave (what closing the
-    SSH connections does for remote targets; a local child is in its own session, so a
-    Ctrl-C on the terminal never reaches it)."""
-    with _running_lock:
-        events = list(_running)
-    for event in events:
-        event.set()
+_worker = threading.local()
+_NEVER_STOPPED = Stopper()     # children started outside a fan-out's workers
+
+
+def answer_to(stopper: Stopper) -> None:
+    """A fan-out's worker thread (its ThreadPoolExecutor's initializer): the local children it
+    starts answer to ``stopper``."""
+    _worker.stopper = stopper
 
 
 class LocalTransport(Transport):
@@ -40,21 +70,23 @@ class LocalTransport(Transport):
         """Run argv, write payload to its stdin and keep stdin open until the process ends
         (the runtime treats stdin EOF as "the client went away")."""
         record_command("local", shlex.join(argv))
+        stopper = getattr(_worker, "stopper", _NEVER_STOPPED)
+        stop = stopper.register()
+        if stop is None:
+            return ProcessOutput(b"", b"mldiag: the run was interrupted before this target "
+                                      b"started\n", None)
         try:
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
+            stopper.unregister(stop)
             if out_of_descriptors(exc):
                 raise descriptors_error(f"cannot start {argv[0]}") from None
             return ProcessOutput(b"", f"{argv[0]}: {exc.strerror}".encode(), 127)
-        stop = threading.Event()
-        with _running_lock:
-            _running.add(stop)
         try:
             return _pump(proc, payload, deadline, stop, on_stdout)
         finally:
-            with _running_lock:
-                _running.discard(stop)
+            stopper.unregister(stop)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     stream.close()
