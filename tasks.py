@@ -7,10 +7,23 @@ installed `mldiag.diagnostics` packages); `inv` has no --diagnostics-dir (that f
 import gc
 import sys
 
+from invoke import Program
+
 from diagnostics import cmdline, lean_imports, registry, team
 from diagnostics.tasks import collection
 
-found = team.discover(cmdline.hosts_file_in(sys.argv[1:]))
+
+def _needs_team(argv) -> bool:
+    """As `mldiag` decides: a command line whose task is a built-in that needs no team's
+    diagnostics (registry.NO_TEAM_NEEDED) reads no hosts file and no team directory here."""
+    core = Program()
+    takes_value = [("--" if len(n) > 1 else "-") + n for a in core.core_args() + core.task_args()
+                   if a.kind is not bool for n in a.names]
+    return cmdline.first_word(argv, takes_value) not in registry.NO_TEAM_NEEDED
+
+
+found = team.discover(cmdline.hosts_file_in(sys.argv[1:])) if _needs_team(sys.argv[1:]) \
+    else registry.BUILTIN
 registry.use(found)
 ns = collection(found)
 

@@ -99,3 +99,18 @@ def hosts_file_in(argv: Sequence[str]) -> Optional[str]:
         elif word.startswith("--hosts-file="):
             found = word[len("--hosts-file="):]
     return found
+
+
+def first_word(argv: Sequence[str], takes_value: Sequence[str]) -> Optional[str]:
+    """The first word of a command line that is neither a flag nor a flag's value (the task
+    name, as Invoke's parser finds it after its core flags); ``takes_value``: the spellings of
+    the flags before it that take a value as the next word (``-r DIR``)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word
+        if word in takes_value:
+            next(words, None)
+    return None

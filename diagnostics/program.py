@@ -77,9 +77,6 @@ def parse_error_message(exc: ParseError, refused: Sequence[Tuple[str, str]] = ()
     return f"mldiag: {text}"
 
 
-# The tasks whose run never needs a team's diagnostics: a command line naming one of them (the
-# hot path) reads no hosts file and no team directory before the task itself does.
-NO_TEAM_NEEDED = frozenset(registry.REGISTRY) | {"hosts", "run-script"}
 DIAGNOSTICS_DIR_HELP = ("a directory of your own diagnostics (NAME.py files; repeatable; after "
                         "the hosts file's diagnostics:)")
 
@@ -93,14 +90,14 @@ class MldiagProgram(Program):
 
     def parse_collection(self) -> None:
         """The built-in tasks, and a team's diagnostics unless the command line names a task that
-        needs none (``NO_TEAM_NEEDED``): ``--list``, ``--help``, ``runbook`` and any other name
+        needs none (``registry.NO_TEAM_NEEDED``): ``--list``, ``--help``, ``runbook`` and any other name
         read the hosts file's ``diagnostics:``, each ``--diagnostics-dir`` and the installed
         ``mldiag.diagnostics`` packages (``team.discover``). A team file that is not a diagnostic
         mldiag can run is bad input when its task is named (exit 4, its file and line)."""
         super().parse_collection()
         word = self.core.unparsed[0] if self.core.unparsed else None
         dirs = self.args["diagnostics-dir"].value or []
-        if word in NO_TEAM_NEEDED and not dirs:
+        if word in registry.NO_TEAM_NEEDED and not dirs:
             return
         from . import team
         found = team.discover(cmdline.hosts_file_in(self.core.unparsed), dirs)

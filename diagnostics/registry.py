@@ -347,6 +347,9 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
 REGISTRY: Dict[str, DiagnosticSpec] = {spec.name: spec for spec in BUILTINS}
 # mldiag's tasks that are not diagnostics: no team diagnostic may take their names either
 OTHER_TASKS = ("hosts", "run-script", "runbook")
+# The tasks whose run never needs a team's diagnostics: a command line naming one of them (the
+# hot path) reads no hosts file and no team directory before the task itself does.
+NO_TEAM_NEEDED = frozenset(REGISTRY) | {"hosts", "run-script"}
 # every diagnostic task's common flags (tasks.py gives them their defaults and help): no
 # diagnostic's own argument may take one of these names
 COMMON_FLAGS = ("host", "group", "hosts-file", "json", "save", "parallel", "timeout",
@@ -391,12 +394,13 @@ def names() -> List[str]:
     return list(_current.specs)
 
 
-def unknown(name: str) -> str:
-    """Why ``name`` is not a task here: a team file's problem, or no such task."""
+def unknown(name: str, also: Sequence[str] = ()) -> str:
+    """Why ``name`` is not a task here: a team file's problem, or no such task (``also``: the
+    other tasks the caller takes, listed after the diagnostics: a runbook's run-script)."""
     problem = _current.problem_of(name)
     if problem is not None:
         return f"task {name!r} cannot run: {problem}"
-    known = names()
+    known = names() + list(also)
     close = difflib.get_close_matches(name, known, n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown task {name!r} ({guess}tasks: {', '.join(known)})"

@@ -373,7 +373,7 @@ def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -
         raise at.child("task", at.line).error(f"required (one of {', '.join(_step_tasks())})")
     task, task_at = fields["task"]
     if task not in registry.current().specs and task != SCRIPT_TASK:
-        raise task_at.error(_unknown_task(str(task)))
+        raise task_at.error(registry.unknown(str(task), (SCRIPT_TASK,)))
     step_id = task
     if "id" in fields:
         step_id, id_at = fields["id"]
@@ -396,16 +396,6 @@ def _step(value: Any, at: _At, params: Tuple[Param, ...], earlier: List[Step]) -
 
 def _step_tasks() -> List[str]:
     return registry.names() + [SCRIPT_TASK]
-
-
-def _unknown_task(task: str) -> str:
-    """``registry.unknown``'s words, run-script among the tasks a step may name."""
-    if registry.current().problem_of(task) is not None:
-        return registry.unknown(task)
-    known = _step_tasks()
-    close = difflib.get_close_matches(task, known, n=1)
-    guess = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown task {task!r} ({guess}tasks: {', '.join(known)})"
 
 
 def _script_args(value: Any, at: _At, params: Tuple[Param, ...]

@@ -5,8 +5,6 @@ a runbook's step gets the task's fleet judgement: node-check's --baseline findin
 import inspect
 import io
 import json
-import shlex
-import sys
 import textwrap
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from diagnostics import cli, registry, runbook, runbook_run, topology
 from diagnostics.errors import InputError
 from diagnostics.tasks import COMMON_PARAMETERS, diagnostic_task, ns
+from tests.programs import marking_python
 
 COMMON = {name.replace("_", "-") for name, _ in COMMON_PARAMETERS}
 
@@ -101,10 +100,7 @@ def test_a_client_side_arg_takes_no_target_reference():
 
 @pytest.fixture
 def node(tmp_path):
-    marker = tmp_path / "ran"
-    python = tmp_path / "python-marking"
-    python.write_text(f'#!/bin/sh\n: > "{marker}"\nexec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
+    python, marker = marking_python(tmp_path)
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"hosts:\n  here:\n    local: true\n    python: {python}\n")
     return hosts, marker

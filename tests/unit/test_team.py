@@ -322,3 +322,14 @@ def test_an_installed_package_of_diagnostics_is_found_through_its_entry_point(tm
     assert r.returncode == 2, r.stderr
     [doc] = json.loads(r.stdout)
     assert doc["findings"] == [{"level": "fail", "code": "probe-0", "message": "this is broken"}]
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["gpu-status", "-H", "x"], "gpu-status"),
+    (["--search-root", "/repo", "disk-free", "--path", "gpu-status"], "disk-free"),
+    (["-r", "gpu-status", "probe"], "probe"),          # a core flag's value is not the task
+    (["--search-root=/r", "-e", "ping"], "ping"),
+    (["--list"], None), (["--", "ping"], None), ([], None)])
+def test_the_task_word_of_a_command_line_skips_flags_and_their_values(argv, word):
+    from diagnostics import cmdline
+    assert cmdline.first_word(argv, ["-r", "--search-root"]) == word
