@@ -69,8 +69,9 @@ def test_run_with_nothing_given_runs_on_the_defaults(engine):
     assert opts == cli.Options(host=[], group=[], json=True, quiet=True) and values == {}
 
 
-@pytest.mark.parametrize("config", [Context(Config(overrides=CONFIGURED)), Config(overrides=CONFIGURED),
-                                    CONFIGURED], ids=["context", "config", "dict"])
+@pytest.mark.parametrize("config", [Context(Config(overrides=CONFIGURED)),
+                                    Config(overrides=CONFIGURED), CONFIGURED],
+                         ids=["context", "config", "dict"])
 def test_run_takes_the_mldiag_configs_defaults_from_a_context_or_a_config(engine, config):
     api.run("ping", hosts="box", config=config)
     api.run("ping", hosts="box", config=config, hosts_file="/h.yaml", parallel=2, timeout=9)

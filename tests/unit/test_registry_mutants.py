@@ -17,7 +17,8 @@ from diagnostics.errors import InputError
 from diagnostics.team import Problem
 from diagnostics.topology import Target
 
-BUILTIN_NAMES = "ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, stacks"
+BUILTIN_NAMES = ("ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, "
+                 "stacks")
 
 
 @pytest.fixture(autouse=True)
@@ -63,6 +64,13 @@ def test_unknown_guesses_the_closest_task_and_lists_them_all():
     assert registry.unknown("zzzz") == f"unknown task 'zzzz' (tasks: {BUILTIN_NAMES})"
 
 
+def test_unknown_lists_and_guesses_the_callers_other_tasks_after_the_diagnostics():
+    assert registry.unknown("run-scrip", ["run-script"]) == (
+        f"unknown task 'run-scrip' (did you mean 'run-script'? tasks: {BUILTIN_NAMES}, run-script)")
+    assert registry.unknown("zzzz", ("a", "b")) == \
+        f"unknown task 'zzzz' (tasks: {BUILTIN_NAMES}, a, b)"
+
+
 def test_unknown_says_a_team_files_problem_for_its_task_only():
     problem = Problem("probe", "/team/probe.py", 3, "syntax error: '{' was never closed")
     registry.use(registry.Registry(registry.REGISTRY, (problem,)))
@@ -87,7 +95,8 @@ def smi_cache(tmp_path, monkeypatch):
 
 
 def test_gpu_status_sends_the_hosts_files_gpus_and_what_is_remembered_of_the_target(smi_cache):
-    assert argv("gpu-status", {}, target("{local: true, gpus: 8}")) == ["--expect-gpus=8", smi_cache]
+    assert argv("gpu-status", {}, target("{local: true, gpus: 8}")) == ["--expect-gpus=8",
+                                                                        smi_cache]
     assert argv("gpu-status", {}, target()) == [smi_cache]
     assert argv("gpu-status", {"expect-idle": True}, target("{local: true, gpus: 0}")) == \
         ["--expect-idle", "--expect-gpus=0", smi_cache]

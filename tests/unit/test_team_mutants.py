@@ -144,7 +144,8 @@ def test_an_entry_point_that_names_no_module_is_a_problem_and_the_next_still_cou
                                                                                    monkeypatch):
     points = [point("a-missing", "mldiag_test_ep_nosuch:x"),
               point("b-parent", "mldiag_test_ep_noparent.child"), point("c-relative", ".x"),
-              point("d-no-spec", "mldiag_test_ep_nospec"), point("e-good", "mldiag_test_ep_package")]
+              point("d-no-spec", "mldiag_test_ep_nospec"),
+              point("e-good", "mldiag_test_ep_package")]
     python(points)
     loaded = types.ModuleType("mldiag_test_ep_nospec")     # imported, but without a spec
     loaded.__spec__ = None
