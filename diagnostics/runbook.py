@@ -449,7 +449,8 @@ def _script_arg(value: Any, at: _At, params: Tuple[Param, ...]) -> str:
 
 
 def _local_path(value: Any, at: _At, params: Tuple[Param, ...], what: str) -> str:
-    """A local file of a run-script step: written in the runbook, relative to its directory
+    """A local file of a step (a run-script step's script and puts, node-check's baseline):
+    written in the runbook, relative to its directory
     (made absolute here); starting with a reference (``{{ params.check }}``), the user's: kept
     as written, relative to the current directory once resolved."""
     path = _string(value, at, "a path")
@@ -505,14 +506,14 @@ def _arg_value(arg: registry.Arg, value: Any, at: _At, params: Tuple[Param, ...]
     if arg.client and any(ref.startswith("target") for ref in REFERENCE.findall(value)):
         raise at.error(f"{{{{ target.* }}}} in {_show(value)}: --{arg.name} is mldiag's own, "
                        "one value for the whole step (only params.NAME may be referred to)")
+    if arg.kind == "file":      # a local file: as a run-script step's (one rule for both)
+        return _local_path(value, at, params, f"--{arg.name}")
     if REFERENCE.search(value):
         return value
     if arg.kind == "int" and not value.isdigit():
         raise at.error(f"expected a whole number, got {_show(value)}")
     if arg.choices and value not in arg.choices:
         raise at.error(f"{value!r} is not one of {', '.join(arg.choices)}")
-    if arg.kind == "file":      # a local file named in the runbook: beside the runbook
-        return os.path.join(os.path.dirname(os.path.abspath(at.file)), os.path.expanduser(value))
     return value
 
 

@@ -152,3 +152,18 @@ def test_a_runbook_whose_baseline_is_not_one_is_refused_before_anything_runs(nod
     with pytest.raises(InputError, match="base.json"):
         runbook_run.execute(opts, "nc", runbooks_dirs=[str(tmp_path / "books")], out=io.StringIO())
     assert not marker.exists() and not save.exists()
+
+
+@pytest.mark.parametrize("written, resolved", [
+    ("base.json", "{dir}/base.json"),                          # beside the runbook
+    ("/abs/base.json", "/abs/base.json"),
+    ("bases/{{ params.site }}.json", "{dir}/bases/{{ params.site }}.json"),
+    ("{{ params.base }}", "{{ params.base }}"),                # the user's: as they give it
+])
+def test_a_baseline_in_a_step_is_found_as_a_run_script_steps_files_are(tmp_path, written,
+                                                                       resolved):
+    book = tmp_path / "nc.yaml"
+    book.write_text("description: d\nparams: {site: {description: s}, base: {description: b}}\n"
+                    f"steps:\n  - task: node-check\n    args: {{baseline: \"{written}\"}}\n")
+    step = runbook.load(str(book)).steps[0]
+    assert dict(step.args)["baseline"] == resolved.replace("{dir}", str(tmp_path))
