@@ -7,15 +7,23 @@ it left the child unstopped, its runtime waiting on an open stdin, and mldiag wa
 worker thread at exit, for good."""
 
 import subprocess
-import sys
 import threading
 import time
 
+import pytest
+
 from diagnostics.hops import local
 from diagnostics.hops.local import LocalTransport, Stopper
+from tests.programs import space_free_python
 
-# reads its stdin to the end, then says so: it ends only when its stdin is closed
-WAITS_FOR_EOF = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(); print('eof')"]
+
+@pytest.fixture
+def waits_for_eof(tmp_path):
+    """A child that reads its stdin to the end, then says so: it ends only when its stdin is
+    closed. A script file, so that its command line is safe words (test_command_lines.py)."""
+    script = tmp_path / "waits.py"
+    script.write_text("import sys\nsys.stdin.buffer.read()\nprint('eof')\n")
+    return [str(space_free_python()), str(script)]
 
 
 def in_a_worker(stopper, fn):
@@ -30,7 +38,7 @@ def in_a_worker(stopper, fn):
     return thread, box
 
 
-def test_a_child_started_as_the_signal_lands_is_still_told(monkeypatch):
+def test_a_child_started_as_the_signal_lands_is_still_told(monkeypatch, waits_for_eof):
     stopper = Stopper()
     real_popen = subprocess.Popen
 
@@ -41,7 +49,7 @@ def test_a_child_started_as_the_signal_lands_is_still_told(monkeypatch):
     monkeypatch.setattr(local.subprocess, "Popen", popen_then_signal)
     started = time.monotonic()
     thread, box = in_a_worker(stopper, lambda: LocalTransport().run(
-        WAITS_FOR_EOF, b"", time.monotonic() + 60))
+        waits_for_eof, b"", time.monotonic() + 60))
     thread.join(30)
     assert not thread.is_alive(), "the child was never told: the worker waits for it"
     assert time.monotonic() - started < 10
@@ -59,13 +67,13 @@ def test_no_child_starts_once_the_fan_out_is_stopped(tmp_path):
     assert box["value"].stderr.startswith(b"mldiag: the run was interrupted")
 
 
-def test_a_stop_reaches_every_running_child_of_its_fan_out_only():
+def test_a_stop_reaches_every_running_child_of_its_fan_out_only(waits_for_eof):
     ours, other = Stopper(), Stopper()
-    mine = [in_a_worker(ours, lambda: LocalTransport().run(WAITS_FOR_EOF, b"",
+    mine = [in_a_worker(ours, lambda: LocalTransport().run(waits_for_eof, b"",
                                                            time.monotonic() + 60))
             for _ in range(3)]
     theirs, their_box = in_a_worker(other, lambda: LocalTransport().run(
-        WAITS_FOR_EOF, b"", time.monotonic() + 3))
+        waits_for_eof, b"", time.monotonic() + 3))
     deadline = time.monotonic() + 30
     while len(ours._events) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -78,6 +86,8 @@ def test_a_stop_reaches_every_running_child_of_its_fan_out_only():
     assert not ours._events and not other._events
 
 
-def test_a_child_outside_a_fan_out_runs_as_before():
-    out = LocalTransport().run([sys.executable, "-c", "print(1)"], b"", time.monotonic() + 30)
+def test_a_child_outside_a_fan_out_runs_as_before(tmp_path):
+    script = tmp_path / "says.py"
+    script.write_text("print(1)\n")
+    out = LocalTransport().run([str(space_free_python()), str(script)], b"", time.monotonic() + 30)
     assert (out.stdout, out.exit_code) == (b"1\n", 0)
