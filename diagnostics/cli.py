@@ -64,7 +64,7 @@ def select_targets(opts: Options, *, note: Optional[TextIO] = None) -> List[Targ
     targets = _select(topo, opts.host, opts.group)
     note = note if note is not None else sys.stderr
     if not (opts.host or opts.group) and topo.default_targets_given and not opts.quiet \
-            and _isatty(note):
+            and render.is_terminal(note):
         note.write(f"mldiag: no -H/-g: running on defaults.targets from "
                    f"{os.path.abspath(topo.path)}: {topology.fold_names(topo.default_targets)}\n")
         note.flush()
@@ -78,13 +78,6 @@ def _select(topo: topology.Topology, host: Sequence[str], group: Sequence[str]) 
         if not exc.reason.startswith(("unknown target", "unknown group")):
             raise
         raise InputError(f"{exc}\nmldiag: {topo.origin.describe()}") from None
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
 
 
 def _split(values: Sequence[str], flag: str = "--host") -> List[str]:
@@ -276,19 +269,12 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         details = render.render_diff if opts.diff else after_table
         # NOTE: one target's run-script output went to the terminal as it ran; when the table
         # goes to that terminal too it is not shown twice (to a file it is: nothing is above it).
-        streamed = [targets[0].name] if progress.passed_through and _isatty(out) else []
+        streamed = [targets[0].name] if progress.passed_through and render.is_terminal(out) else []
         render.render_table(results, out, details=details,
                             color=render.wants_color(out, no_color=opts.no_color),
                             streamed=streamed)
     out.flush()
     return Outcome(results, exit_code(results))
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def internal_error(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ import time
 import unicodedata
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from .render import safe_text
+from .render import is_terminal, safe_text
 from .results import Result
 
 TICK_S = 0.1          # the ticker's step: a changed area is redrawn within it
@@ -35,7 +35,7 @@ def open_area(stream: TextIO, names: Sequence[str], *, enabled: bool = True,
     ``stream``; an inert one (``live`` False: every method does nothing) unless ``enabled`` and
     ``stream`` is a terminal."""
     try:
-        terminal = enabled and stream.isatty()
+        terminal = enabled and is_terminal(stream)
     except (AttributeError, ValueError):
         terminal = False
     return LiveArea(stream, names, passthrough=passthrough, live=terminal)

@@ -142,6 +142,16 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal: False for a stream without ``isatty`` (a test's
+    StringIO stand-in) or a closed one, never an error. The one test every view and the live
+    progress make."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None, *,
                 no_color: bool = False) -> bool:
     """Statuses in colour only on a terminal, never with ``--no-color`` (``no_color``), when
@@ -150,8 +160,7 @@ def wants_color(stream: TextIO, environ: Optional[Dict[str, str]] = None, *,
     if no_color:
         return False
     env = os.environ if environ is None else environ
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and not env.get("NO_COLOR") and env.get("TERM") != "dumb"
+    return is_terminal(stream) and not env.get("NO_COLOR") and env.get("TERM") != "dumb"
 
 
 def _paint(text: str, status: str, color: bool) -> str:

@@ -407,7 +407,7 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     targets = cli.select_targets(opts)
     save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting
 
-    live = sys.stderr.isatty()
+    live = render.is_terminal(sys.stderr)
 
     def on_step(sr: StepRun, eligible: List[Target]) -> None:
         if live:
@@ -438,17 +438,10 @@ def execute(opts: cli.Options, name: str, *, params: Sequence[str] = (),
     if fmt == "json":
         report.render_json(record, out, version=__version__)
     else:
-        report.render_markdown(record, out, version=__version__, appendix=not _isatty(out),
+        report.render_markdown(record, out, version=__version__, appendix=not render.is_terminal(out),
                                saved=os.path.join(opts.save, "report.md") if save else None)
     out.flush()
     return Outcome(record, record.exit_code, (record.interrupted_as,) if record.interrupted else ())
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as_json: bool = False,

@@ -662,6 +662,7 @@ def test_emit_writes_to_a_stream_without_an_encoding():
 def _mldiag_on_a_pty(tmp_path, env_extra):
     """`mldiag ping` on a local target with its stdout on a real pseudo-terminal: what it wrote."""
     import os
+    import os
     import pty
     import subprocess
     from tests.programs import MLDIAG, program_env
@@ -707,3 +708,22 @@ def test_wants_color_reads_the_stream_and_the_environment():
     assert not render.wants_color(Tty(), {"NO_COLOR": "x"})
     assert render.wants_color(Tty(), {"NO_COLOR": ""})      # no-color.org: set and non-empty
     assert not render.wants_color(Tty(), {"TERM": "dumb"})
+
+
+def test_is_terminal_is_false_for_what_is_no_terminal_and_never_raises(tmp_path):
+    """The one terminal test (render.is_terminal): the table's colour, the live progress, the
+    defaults.targets note and the runbook report's appendix all ask it."""
+    import os
+    import pty
+    closed = io.StringIO()
+    closed.close()
+    with open(tmp_path / "f", "w") as a_file:
+        assert [render.is_terminal(s) for s in (io.StringIO(), closed, object(), a_file)] == \
+            [False, False, False, False]
+    leader, follower = pty.openpty()
+    try:
+        with open(follower, "w", closefd=False) as tty:
+            assert render.is_terminal(tty) is True
+    finally:
+        os.close(leader)
+        os.close(follower)
