@@ -165,6 +165,12 @@ def _as_a_terminal_would_start_it() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+def findings_by_code(doc) -> dict:
+    """A result document's findings by their code (a later one of the same code wins), for a
+    test that looks findings up by code."""
+    return {f["code"]: f for f in doc["findings"]}
+
+
 def load_module(path, name: str):
     """The Python file at ``path`` as a fresh module called ``name``, imported alone: a remote
     script is a single file (importing it only defines things), so it is tested without the

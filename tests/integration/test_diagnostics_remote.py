@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests import programs
-from tests.programs import load_module
+from tests.programs import findings_by_code, load_module
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PY = "/root/venv/bin/python"
@@ -40,10 +40,6 @@ def docs_of(r):
     """The result documents of a --json run, by target."""
     assert "Traceback" not in r.stderr, r.stderr
     return {d["target"]: d for d in json.loads(r.stdout)}
-
-
-def codes(doc):
-    return {f["code"]: f for f in doc["findings"]}
 
 
 def bind(lab, pred, what):
@@ -173,7 +169,7 @@ def test_scan_log_on_a_log_inside_the_ct(lab, plain_hosts):
     assert {k: v for k, v in d["counts"].items() if v} == {"traceback": 3, "empty-error": 4}
     assert d["total"] == 7
     assert [f["code"] for f in doc["findings"]] == ["traceback", "empty-error"]
-    f = codes(doc)["empty-error"]
+    f = findings_by_code(doc)["empty-error"]
     assert f["level"] == "fail" and "first at line 5" in f["message"] and "last at line 9" in f["message"]
 
     # --lines: only the tail is read, line numbers stay absolute
@@ -262,7 +258,7 @@ def test_check_attn_in_the_ct(ml_hosts):
     assert d["linear_attention"]["module_classes"] == ["Qwen3NextGatedDeltaNet"]
     assert d["cuda"]["available"] is False
     if not d["kernels"]["flash-linear-attention"]["installed"]:
-        f = codes(qwen)["fla-missing"]
+        f = findings_by_code(qwen)["fla-missing"]
         assert f["level"] == "warn" and qwen["status"] == "warn"   # no CUDA here: warn, not fail
         assert f["message"] == ("3 of 4 layers are linear attention and flash-linear-attention is missing: "
                                 "slow torch fallback")

@@ -24,6 +24,7 @@ import pytest
 
 from diagnostics import __version__, runbook, runbook_run, runner, topology
 from tests.integration.test_diagnostics_remote import bind, ct, mldiag, mlenv, tiny_models_in_ct
+from tests.programs import findings_by_code
 
 
 def keep_report(name, save):
@@ -107,10 +108,6 @@ def results_of(doc, step_id):
     return {r["target"]: r for r in step["results"]}
 
 
-def codes(result):
-    return {f["code"]: f for f in result["findings"]}
-
-
 def test_slow_training(lab_setup, tmp_path):
     hosts, logs, _models = lab_setup
     save = tmp_path / "slow"
@@ -128,7 +125,7 @@ def test_slow_training(lab_setup, tmp_path):
     assert attn["trainbox"]["data"]["layers"]["types"] == {"linear_attention": 3, "full_attention": 1}
     if not attn["trainbox"]["data"]["kernels"]["flash-linear-attention"]["installed"]:
         assert attn["trainbox"]["status"] == "warn"
-        fla = codes(attn["trainbox"])["fla-missing"]
+        fla = findings_by_code(attn["trainbox"])["fla-missing"]
         assert f"- **warn** · 3. check-attn · trainbox · `fla-missing`: {fla['message']}" in r.stdout
         assert f"  - hint: {fla['hint']}" in r.stdout
     assert results_of(doc, "gpu-status")["trainbox"]["findings"][0]["code"] == "gpu-busy"
@@ -168,7 +165,7 @@ def test_extraction_fails(lab_setup, tmp_path):
     assert d["backend"] == "transformers" and d["model_class"] == models["llama"]["class"]
     assert [layer["id"] for layer in d["layers"]] == [1, 2, 4] and d["hidden_size"] == 32
     log = results_of(doc, "scan-log")["llama"]
-    assert log["status"] == "fail" and list(codes(log)) == ["traceback", "empty-error"]
+    assert log["status"] == "fail" and list(findings_by_code(log)) == ["traceback", "empty-error"]
     assert "`empty-error`: " in r.stdout and "first at line 5" in r.stdout
     env = results_of(doc, "env-report")["llama"]
     assert env["data"]["packages"]["transformers"] == mlenv.require("transformers").__version__
@@ -191,12 +188,12 @@ def test_node_health_on_a_group(lab_setup, tmp_path):
     node = results_of(doc, "node-check")
     assert [(f["level"], f["code"], f["action"]) for f in node["sickbox"]["findings"]
             if f["level"] == "fail"] == [("fail", "gpu-count", "reboot")]
-    assert all("kernel-log-unreadable" in codes(node[t]) for t in node), node
+    assert all("kernel-log-unreadable" in findings_by_code(node[t]) for t in node), node
     assert {node[t]["data"]["worst_action"] for t in node} == {"reboot", "none"}
     gpu = results_of(doc, "gpu-status")
     assert "7 of 8 GPUs visible" in gpu["sickbox"]["summary"] + json.dumps(gpu["sickbox"]["findings"])
-    assert "clocks-hw-thermal" in codes(gpu["hotbox"])
-    xid = codes(results_of(doc, "xid")["sickbox"])
+    assert "clocks-hw-thermal" in findings_by_code(gpu["hotbox"])
+    xid = findings_by_code(results_of(doc, "xid")["sickbox"])
     assert {"xid-fatal", "xid"} <= set(xid)
     out = r.stdout
     assert "| 4. xid: Xid lines in the saved kernel log | fail | fail |" in out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import REPO, load_module
+from tests.programs import REPO, findings_by_code, load_module
 
 mlenv = load_module(Path(REPO) / "tests" / "ml" / "mlenv.py", "mldiag_mlenv")
 
@@ -95,10 +95,6 @@ def attn(check_attn, path, *extra):
     return res
 
 
-def codes(res):
-    return {f["code"]: f for f in res["findings"]}
-
-
 def test_llama_all_sdpa_all_full(check_attn, models):
     res = attn(check_attn, models["llama"]["path"])
     d = res["data"]
@@ -138,7 +134,7 @@ def test_qwen3_next_hybrid_counts_linear_layers(check_attn, models):
     if fla["installed"]:
         pytest.skip("flash-linear-attention is installed here")
     assert fla["importable"] is False and fla["usable"] is False
-    f = codes(res)["fla-missing"]
+    f = findings_by_code(res)["fla-missing"]
     assert f["message"] == ("3 of 4 layers are linear attention and flash-linear-attention is missing: "
                             "slow torch fallback")
     assert f["level"] == ("fail" if d["cuda"]["available"] else "warn")
@@ -156,7 +152,7 @@ def test_composite_text_sub_config(check_attn, models):
         assert m["config_class"] == "Qwen3_5Config"
         assert m["text_config"] == {"class": "Qwen3_5TextConfig", "model_type": "qwen3_5_text"}
         assert d["layers"]["types"] == {"linear_attention": 3, "full_attention": 1}
-        assert "fla-missing" in codes(res) or d["kernels"]["flash-linear-attention"]["installed"]
+        assert "fla-missing" in findings_by_code(res) or d["kernels"]["flash-linear-attention"]["installed"]
     else:
         assert m["text_config"]["class"] == "Qwen2_5_VLTextConfig"
     paths = {lv["path"]: lv for lv in d["requested"]["levels"]}
@@ -178,13 +174,13 @@ def test_same_family_causal_lm_is_not_a_mismatch(check_attn, models):
     res = attn(check_attn, info["path"], "--model-class", "Qwen3_5ForCausalLM")
     assert res["data"]["build"]["class"] == "Qwen3_5ForCausalLM"
     assert res["data"]["build"].get("same_family") is True
-    assert "class-mismatch" not in codes(res)
+    assert "class-mismatch" not in findings_by_code(res)
     assert res["data"]["resolved"]["counts"] == {"sdpa": 1}
 
 
 def test_unknown_architecture_falls_back_to_auto_and_flags_family(check_attn, models):
     res = attn(check_attn, models["llama_unknown_arch"]["path"])
-    c = codes(res)
+    c = findings_by_code(res)
     assert res["data"]["build"]["chosen_by"] == "auto:AutoModelForCausalLM"
     assert res["data"]["build"]["class"] == "LlamaForCausalLM"
     assert "AcmeForCausalLM" in c["architecture-unavailable"]["message"]
@@ -197,7 +193,7 @@ def test_flash_attention_2_request_cannot_dispatch(check_attn, models):
     d = res["data"]
     if d["kernels"]["flash-attn"]["usable"]:
         pytest.skip("flash-attn is usable here")
-    f = codes(res)["attn-cannot-dispatch"]
+    f = findings_by_code(res)["attn-cannot-dispatch"]
     assert f["level"] == "fail" and res["status"] == "fail"
     assert "flash_attention_2" in f["message"]
     assert "ImportError" in f["message"] and "FlashAttention2" in f["message"]
@@ -211,7 +207,7 @@ def test_flash_attention_2_request_cannot_dispatch(check_attn, models):
 
 def test_unknown_implementation_is_reported(check_attn, models):
     res = attn(check_attn, models["llama"]["path"], "--attn-implementation", "flash_attn_99")
-    f = codes(res)["attn-cannot-dispatch"]
+    f = findings_by_code(res)["attn-cannot-dispatch"]
     assert "flash_attn_99" in f["message"] and "ValueError" in f["message"]
 
 
@@ -228,7 +224,7 @@ def test_config_requesting_eager_is_read_before_building(check_attn, models, ml)
     if d["requested"]["levels"][0]["requested"] != "eager":
         pytest.skip("transformers %s ignores attn_implementation in config.json" % transformers.__version__)
     assert d["resolved"]["counts"] == {"eager": 4}
-    f = codes(res)["eager-attention"]
+    f = findings_by_code(res)["eager-attention"]
     assert f["level"] == "warn" and "config requests eager" in f["message"]
 
 
@@ -259,5 +255,5 @@ def test_transformers_4_57_subprocess(tmp_path):
 
 def test_missing_model_path(check_attn, tmp_path):
     res = attn(check_attn, tmp_path / "nope")
-    assert res["status"] == "fail" and codes(res)["model-not-found"]["level"] == "fail"
+    assert res["status"] == "fail" and findings_by_code(res)["model-not-found"]["level"] == "fail"
     assert "does not exist" in res["summary"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import REPO, load_module
+from tests.programs import REPO, findings_by_code, load_module
 
 mlenv = load_module(Path(REPO) / "tests" / "ml" / "mlenv.py", "mldiag_mlenv")
 
@@ -86,10 +86,6 @@ def smoke(es, path, *extra):
     return res
 
 
-def codes(res):
-    return {f["code"]: f for f in res["findings"]}
-
-
 def test_llama_default_layers(es, models):
     res = smoke(es, models["llama"]["path"])
     d = res["data"]
@@ -134,7 +130,7 @@ def test_nan_weights_fail_naming_first_bad_layer(es, models):
     res = smoke(es, models["broken"]["path"])  # NaN in decoder layer 1 -> hidden_states[2] onwards
     d = res["data"]
     assert res["status"] == "fail"
-    f = codes(res)["nonfinite"]
+    f = findings_by_code(res)["nonfinite"]
     assert f["level"] == "fail"
     assert "first bad hidden_states id is 2 (output of decoder layer 1)" in f["message"]
     assert "layers 2, 4" in f["message"]
@@ -147,7 +143,7 @@ def test_nan_weights_fail_naming_first_bad_layer(es, models):
 
 def test_constant_layers_fail(es, models):
     res = smoke(es, models["zero"]["path"], "--layers", "0,1")
-    f = codes(res)["constant-layer"]
+    f = findings_by_code(res)["constant-layer"]
     assert f["level"] == "fail" and "0, 1" in f["message"]
     assert all(l["std"] == 0 for l in res["data"]["layers"])
 
@@ -163,7 +159,7 @@ def test_layer_out_of_range(es, models):
 
 def test_bad_layers_value(es, models):
     res = smoke(es, models["llama"]["path"], "--layers", "2,x")
-    assert codes(res)["bad-layers"]["level"] == "fail"
+    assert findings_by_code(res)["bad-layers"]["level"] == "fail"
 
 
 def test_jsonl_data(es, models, tmp_path):
@@ -182,7 +178,7 @@ def test_vllm_backend_not_importable_reports_traceback(es, models):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     res = smoke(es, models["llama"]["path"], "--backend", "vllm")
-    f = codes(res)["backend-failed"]
+    f = findings_by_code(res)["backend-failed"]
     assert f["level"] == "fail" and "step import" in f["message"]
     assert "ModuleNotFoundError" in f["message"]
     err = res["data"]["error"]
@@ -211,7 +207,7 @@ def test_empty_exception_message_is_reported_by_type_and_repr(es, models, ml, mo
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", explode)
     res = smoke(es, models["llama"]["path"])
-    f = codes(res)["backend-failed"]
+    f = findings_by_code(res)["backend-failed"]
     assert "step load-model" in f["message"] and "Boom (empty message)" in f["message"]
     err = res["data"]["error"]
     assert err["type"] == "Boom" and err["message"] == "" and err["repr"] == "Boom()"
@@ -221,12 +217,12 @@ def test_empty_exception_message_is_reported_by_type_and_repr(es, models, ml, mo
 
 def test_missing_model_path(es, tmp_path):
     res = smoke(es, tmp_path / "nope")
-    assert res["status"] == "fail" and codes(res)["model-not-found"]["level"] == "fail"
+    assert res["status"] == "fail" and findings_by_code(res)["model-not-found"]["level"] == "fail"
 
 
 def test_directory_without_config_reports_load_config_step(es, tmp_path):
     res = smoke(es, tmp_path)
-    f = codes(res)["backend-failed"]
+    f = findings_by_code(res)["backend-failed"]
     assert "step load-config" in f["message"]
     assert "Traceback" in res["data"]["error"]["traceback"]
 
