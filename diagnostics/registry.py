@@ -19,6 +19,7 @@ when called, so reading the registry costs the start of every run nothing but th
 """
 
 import difflib
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -175,16 +176,21 @@ def _env_options(opts: Any, values: Values) -> Any:
     return replace(opts, diff=opts.diff or not values.get("full"))
 
 
-# dcgmi diag's timeout per run level: scripts/dcgm.py's TIMEOUTS (its docstring gives NVIDIA's
-# documented run times: r1 seconds, r2 about 2 min, r3 about 15 min, 30 in older guides); the
-# job gets a minute more for the rest of node-check. The remote script stands alone, so the
-# table is written twice; tests/unit/test_node_check_core.py pins the two to each other.
-DCGM_LEVEL_TIMEOUT = {1: 120.0, 2: 600.0, 3: 3600.0}
+@functools.lru_cache(maxsize=None)
+def dcgm_level_timeouts() -> Dict[int, float]:
+    """dcgmi diag's timeout per run level: scripts/dcgm.py's TIMEOUTS (its docstring gives
+    NVIDIA's documented run times: r1 seconds, r2 about 2 min, r3 about 15 min, 30 in older
+    guides), read from the script, where it is written once (it stands alone on the target)."""
+    from . import literals
+    return literals.read_constants(os.path.join(SCRIPTS_DIR, "dcgm.py"))["TIMEOUTS"]
 
 
 def _node_check_timeout(values: Values) -> Optional[float]:
+    """The job gets a minute more than dcgmi diag's level needs, for the rest of node-check."""
     level = values.get("dcgm-level")
-    return DCGM_LEVEL_TIMEOUT[int(level)] + 60.0 if level and not values.get("no-dcgm") else None
+    if not level or values.get("no-dcgm"):
+        return None
+    return dcgm_level_timeouts()[int(level)] + 60.0
 
 
 def _expect_block(target: Any) -> List[str]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import registry, topology
+from .literals import NotLiteral, literal, module_constants
 from .errors import InputError
 from .registry import Arg, DiagnosticSpec
 
@@ -56,10 +57,6 @@ class _Refused(Exception):
     def __init__(self, line: int, message: str):
         super().__init__(message)
         self.line, self.message = line, message
-
-
-class _NotLiteral(Exception):
-    """A value that is not written literally (ast)."""
 
 
 def discover(hosts_file: Optional[str] = None, dirs: Sequence[str] = (),
@@ -176,7 +173,7 @@ def read(path: str, name: str) -> DiagnosticSpec:
         raise _Refused(exc.lineno or 0, f"syntax error: {exc.msg}")
     except ValueError as exc:       # a NUL byte in the source
         raise _Refused(0, f"not Python source: {exc}")
-    constants = _module_constants(module)
+    constants = module_constants(module)
     if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in module.body):
         raise _Refused(1, "no run(args) function at the top of the module: a diagnostic "
                           "returns its result from run(args) -> dict")
@@ -187,44 +184,6 @@ def read(path: str, name: str) -> DiagnosticSpec:
         name=name, summary=summary, args=_args(module, constants), script=os.path.basename(path),
         companions=_companions(module, constants, os.path.dirname(path)),
         directory=os.path.dirname(path), builtin=False, timeout=timeout)
-
-
-# ---------------------------------------------------------------------------- literal values
-
-def _module_constants(module: ast.Module) -> Dict[str, Any]:
-    """Names bound once at the top of the module to a literal value (``DEFAULT_GB = 10``)."""
-    values: Dict[str, Any] = {}
-    for node in module.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
-            try:
-                values[node.targets[0].id] = _literal(node.value, values)
-            except _NotLiteral:
-                values.pop(node.targets[0].id, None)
-    return values
-
-
-def _literal(node: ast.AST, names: Dict[str, Any]) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(_literal(item, names) for item in node.elts)
-    if isinstance(node, ast.Name) and node.id in names:
-        return names[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        value = _literal(node.operand, names)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return -value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
-        left, right = _literal(node.left, names), _literal(node.right, names)
-        try:
-            if isinstance(node.op, ast.Add) and isinstance(left, str) and isinstance(right, str):
-                return left + right
-            if isinstance(node.op, ast.Mod) and isinstance(left, str):
-                return left % right
-        except (TypeError, ValueError):
-            pass
-    raise _NotLiteral()
 
 
 def _timeout(module: ast.Module, constants: Dict[str, Any]) -> Optional[float]:
@@ -284,8 +243,8 @@ def _args(module: ast.Module, constants: Dict[str, Any]) -> Tuple[Arg, ...]:
 def _arg(call: ast.Call, constants: Dict[str, Any]) -> Arg:
     line = call.lineno
     try:
-        options = [_literal(a, constants) for a in call.args]
-    except _NotLiteral:
+        options = [literal(a, constants) for a in call.args]
+    except NotLiteral:
         raise _Refused(line, "add_argument: write the option names literally (\"--name\")")
     if not all(isinstance(o, str) for o in options) or not options:
         raise _Refused(line, "add_argument: expected option names (\"--name\")")
@@ -313,8 +272,8 @@ def _arg(call: ast.Call, constants: Dict[str, Any]) -> Arg:
         if key not in keywords:
             return default
         try:
-            return _literal(keywords[key], constants)
-        except _NotLiteral:
+            return literal(keywords[key], constants)
+        except NotLiteral:
             if required_literal:
                 raise _Refused(line, f"--{name}: write {key}= literally")
             return default
