@@ -12,7 +12,7 @@ import pytest
 from diagnostics import cli, registry, runbook, runbook_run, topology
 from diagnostics.errors import InputError
 from diagnostics.tasks import COMMON_PARAMETERS, diagnostic_task, ns
-from tests.programs import marking_python
+from tests.unit.test_node_check_run import hosts  # noqa: F401 (a fixture: a marking local target)
 
 COMMON = {name.replace("_", "-") for name, _ in COMMON_PARAMETERS}
 
@@ -98,20 +98,12 @@ def test_a_client_side_arg_takes_no_target_reference():
 # The target is a real local run of the node-check script (this machine: no GPU, so the facts a
 # baseline keeps are its kernel and zero GPUs); a baseline with another kernel is a deviation.
 
-@pytest.fixture
-def node(tmp_path):
-    python, marker = marking_python(tmp_path)
-    hosts = tmp_path / "hosts.yaml"
-    hosts.write_text(f"hosts:\n  here:\n    local: true\n    python: {python}\n")
-    return hosts, marker
-
-
 def findings_of(docs):
     return [(f["level"], f["code"], f.get("action")) for f in docs[0]["findings"]]
 
 
-def test_a_runbook_node_check_step_with_a_baseline_gives_the_tasks_findings(node, tmp_path):
-    hosts, _ = node
+def test_a_runbook_node_check_step_with_a_baseline_gives_the_tasks_findings(hosts, tmp_path):
+    hosts, _ = hosts
     opts = cli.Options(host=["here"], hosts_file=str(hosts), json=True)
     saved = tmp_path / "books" / "base.json"
     saved.parent.mkdir()
@@ -136,8 +128,8 @@ def test_a_runbook_node_check_step_with_a_baseline_gives_the_tasks_findings(node
     assert by_step == by_task
 
 
-def test_a_runbook_whose_baseline_is_not_one_is_refused_before_anything_runs(node, tmp_path):
-    hosts, marker = node
+def test_a_runbook_whose_baseline_is_not_one_is_refused_before_anything_runs(hosts, tmp_path):
+    hosts, marker = hosts
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "base.json").write_text("[1, 2, 3]\n")
     (tmp_path / "books" / "nc.yaml").write_text(textwrap.dedent("""\
