@@ -12,7 +12,7 @@ the same cases also run through the test lab's sshd (root needed).  Prints one r
 the client's own CPU (user+sys, the target's excluded), its peak RSS, wall time and the row it
 produced.  CPU and RSS are the whole client process's (the baseline row is its imports);
 wall is the run alone.  Flat is the goal: the client keeps a bounded head and tail per stream
-(diagnostics/wire.py: STDOUT_*/STDERR_*) and scans frames in linear time.
+(diagnostics/core/wire.py: STDOUT_*/STDERR_*) and scans frames in linear time.
 """
 
 import argparse
@@ -46,9 +46,11 @@ QUICK = {"baseline (good frame)", "stdout 1 MB", "stdout 100 MB", "stderr 100 MB
 # Runs in the measured process: one target, one result, then its own rusage.
 CLIENT = r"""
 import json, resource, sys, time
-from diagnostics import bundle, runner
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target, load
+from diagnostics.builtin import BUILTIN
+from diagnostics.engine import bundle, registry, runner
+registry.use(BUILTIN)
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target, load
 spec = json.loads(sys.argv[1])
 env = tuple(sorted(spec["env"].items()))
 if spec["hosts"]:

@@ -20,9 +20,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from diagnostics import bundle, runner  # noqa: E402
-from diagnostics.hops.ssh import SshPool  # noqa: E402
-from diagnostics.topology import Target  # noqa: E402
+from diagnostics.builtin import BUILTIN  # noqa: E402
+from diagnostics.engine import bundle, registry, runner  # noqa: E402
+from diagnostics.transport.ssh import SshPool  # noqa: E402
+from diagnostics.inventory.topology import Target  # noqa: E402
+
+registry.use(BUILTIN)
 
 CHATTY = b"for i in range(200):\n    print('line', i)\n"
 

@@ -4,7 +4,7 @@
     .venv/bin/python bench/redact.py common  [--baseline REV]   # ordinary output, ms of CPU per MB
     .venv/bin/python bench/redact.py compare                    # the test tables, both tools
 
-``--baseline REV`` also times ``diagnostics/redact.py`` as it was at REV (read with ``git show``),
+``--baseline REV`` also times ``diagnostics/core/redact.py`` as it was at REV (read with ``git show``),
 on smaller floods and with a CPU cap per call, since a quadratic pattern takes minutes on 1 MB.
 
 ``compare`` needs ``pip install detect-secrets`` (not a dependency of mldiag). It scores both on
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from diagnostics import redact  # noqa: E402
+from diagnostics.core import redact  # noqa: E402
 from tests.unit.test_redact import ADVERSARIAL, NEAR_MISSES, SECRETS  # noqa: E402
 
 KNOWN = ["s3cr3t-value"]   # the hosts.yaml value the SECRETS table assumes
@@ -74,7 +74,7 @@ def cpu_seconds(fn: Callable[[], object], repeat: int = 3, cap: Optional[float] 
 
 
 def baseline_module(rev: str) -> ModuleType:
-    source = subprocess.run(["git", "show", f"{rev}:diagnostics/redact.py"], cwd=REPO, check=True,
+    source = subprocess.run(["git", "show", f"{rev}:diagnostics/core/redact.py"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "redact_baseline.py"
     path.write_text(source)
@@ -197,7 +197,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("mode", choices=["scaling", "common", "compare"])
-    ap.add_argument("--baseline", metavar="REV", help="also time diagnostics/redact.py at REV")
+    ap.add_argument("--baseline", metavar="REV", help="also time diagnostics/core/redact.py at REV")
     args = ap.parse_args()
     baseline = baseline_module(args.baseline) if args.baseline else None
     {"scaling": lambda: run_scaling(baseline), "common": lambda: run_common(baseline),

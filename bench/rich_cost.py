@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MAIN = "from diagnostics.entry import main; main()"
+MAIN = "from diagnostics.cli.entry import main; main()"
 RICH = "import rich.console, rich.table, rich.live"
 CASES = {
     "pass": ["-c", "pass"],
@@ -60,11 +60,11 @@ def main():
     n = max(5, runs // 4)
     print("importtime medians over %d runs:" % n)
     for label, code, mods in (
-            ("diagnostics.program", "import diagnostics.program", ["diagnostics.program"]),
+            ("diagnostics.cli.program", "import diagnostics.cli.program", ["diagnostics.cli.program"]),
             ("rich alone", RICH, rich_mods),
-            ("rich after mldiag's imports", f"import diagnostics.program; {RICH}", rich_mods)):
+            ("rich after mldiag's imports", f"import diagnostics.cli.program; {RICH}", rich_mods)):
         print(f"  {label:28s} {statistics.median(importtime_ms(code, mods) for _ in range(n)):6.1f} ms")
-    before = subprocess.run([sys.executable, "-c", "import sys, diagnostics.program; a = set(sys.modules); "
+    before = subprocess.run([sys.executable, "-c", "import sys, diagnostics.cli.program; a = set(sys.modules); "
                              f"{RICH}; print(len(set(sys.modules) - a))"], env=env(), check=True,
                             capture_output=True, text=True).stdout.strip()
     print(f"modules rich adds after mldiag's imports: {before}")

@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from diagnostics import bundle, runner, topology  # noqa: E402
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology  # noqa: E402
 from tests.lab import Lab, LabError, LabUnavailable  # noqa: E402
 from tests.lab.util import pids_with_marker  # noqa: E402
 

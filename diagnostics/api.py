@@ -25,10 +25,11 @@ import io
 import json
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from . import cli, registry, team
-from .errors import MldiagError
-from .outcome import Outcome
-from .results import status_rank
+from .builtin import BUILTIN
+from .engine import execute, registry, team
+from .core.errors import MldiagError
+from .core.outcome import Outcome
+from .core.results import status_rank
 
 Hosts = Union[None, str, Sequence[str]]
 # what a team task's function gets, when it does not name them itself, and the CLI's spellings
@@ -82,7 +83,7 @@ def registry_for(hosts_file: Optional[str] = None,
                  diagnostics_dirs: Sequence[str] = ()) -> registry.Registry:
     """The built-ins and the team's diagnostics ``hosts_file`` and ``diagnostics_dirs`` name
     (and the installed ``mldiag.diagnostics`` packages), made this process's registry."""
-    found = team.discover(hosts_file, diagnostics_dirs)
+    found = team.discover(BUILTIN, hosts_file, diagnostics_dirs)
     registry.use(found)
     return found
 
@@ -92,7 +93,7 @@ def collection(hosts_file: Optional[str] = None, diagnostics_dirs: Sequence[str]
     team adds its own tasks. Its config has an ``mldiag`` namespace: ``hosts_file``,
     ``parallel`` and ``timeout`` there are the defaults of every mldiag task's flags (and of
     ``run`` with ``config=c``)."""
-    from .tasks import collection as tasks_collection
+    from .cli.tasks import collection as tasks_collection
     tasks = tasks_collection(registry_for(hosts_file, diagnostics_dirs))
     tasks.configure({"mldiag": {"hosts_file": None, "parallel": None, "timeout": None}})
     return tasks
@@ -114,9 +115,9 @@ def run(task: str, hosts: Hosts = None, group: Hosts = None, hosts_file: Optiona
     context or config whose ``mldiag.*`` gives defaults. Bad input raises ``ApiError`` with the
     message and exit code the command line would give; Ctrl-C raises KeyboardInterrupt."""
     config = getattr(config, "config", config)
-    hosts_file = hosts_file or cli.configured(config, "hosts_file")
+    hosts_file = hosts_file or execute.configured(config, "hosts_file")
     found = registry.current()
-    if task not in found.specs and task not in registry.REGISTRY:
+    if task not in found.specs and task not in BUILTIN.specs:
         found = registry_for(hosts_file)
     if task not in found.specs:
         raise ApiError(registry.unknown(task), 4)
@@ -126,15 +127,15 @@ def run(task: str, hosts: Hosts = None, group: Hosts = None, hosts_file: Optiona
     if unknown:
         raise ApiError(f"{task}: no flag {unknown[0]!r} (its flags: "
                        f"{', '.join(sorted(known)) or 'none'})", 4)
-    parallel = parallel if parallel is not None else cli.configured(config, "parallel")
-    timeout = timeout if timeout is not None else cli.configured(config, "timeout")
-    opts = cli.Options(host=_names(hosts), group=_names(group), hosts_file=hosts_file, json=True,
+    parallel = parallel if parallel is not None else execute.configured(config, "parallel")
+    timeout = timeout if timeout is not None else execute.configured(config, "timeout")
+    opts = execute.Options(host=_names(hosts), group=_names(group), hosts_file=hosts_file, json=True,
                        save=save, parallel=None if parallel is None else str(parallel),
                        timeout=None if timeout is None else str(timeout),
                        keep_remote=keep_remote, quiet=True)
     out = io.StringIO()
     try:
-        outcome = cli.run_diagnostic(spec, opts, flags, out=out)
+        outcome = execute.run_diagnostic(spec, opts, flags, out=out)
     except MldiagError as exc:
         raise ApiError(str(exc), exc.exit_code) from None
     documents = json.loads(out.getvalue() or "[]")
@@ -150,7 +151,7 @@ def task(func: Optional[Callable] = None, **task_options: Any):
     (``help=``, ``aliases=``, ...)."""
     if func is None:
         return lambda f: task(f, **task_options)
-    from .tasks import MldiagTask
+    from .cli.tasks import MldiagTask
 
     own = list(inspect.signature(func).parameters.values())
     named = {p.name for p in own}
@@ -164,7 +165,7 @@ def task(func: Optional[Callable] = None, **task_options: Any):
         values = dict(bound.arguments)
         context = values.get(own[0].name) if own else None
         if values.get("hosts_file") is None and context is not None:
-            values["hosts_file"] = cli.configured(getattr(context, "config", None), "hosts_file")
+            values["hosts_file"] = execute.configured(getattr(context, "config", None), "hosts_file")
         call = {k: v for k, v in values.items() if k in named}
         returned = func(**call)
         code = returned.exit_code if isinstance(returned, RunResult) else returned
@@ -182,7 +183,7 @@ def task(func: Optional[Callable] = None, **task_options: Any):
 
 
 def cli_help(flag: str) -> str:
-    from .tasks import COMMON_HELP
+    from .cli.tasks import COMMON_HELP
     return COMMON_HELP[flag]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Tuple
 
 REPO = str(Path(__file__).resolve().parents[1])
-MLDIAG = [sys.executable, "-c", "from diagnostics.entry import main; main()"]
+MLDIAG = [sys.executable, "-c", "from diagnostics.cli.entry import main; main()"]
 INV = [sys.executable, "-m", "invoke"]
 # Never inherited from the shell that runs pytest: a developer's own hosts file would otherwise
 # decide which targets a test reaches. A test that wants it passes it in ``env``.
@@ -31,7 +31,7 @@ HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
 SCRIPTS = Path(REPO) / "diagnostics" / "scripts"
 
 
-# hosts.yaml's alphabet for a `python:` value (diagnostics/yamlfile.py SAFE_TOKEN), repeated
+# hosts.yaml's alphabet for a `python:` value (diagnostics/inventory/yamlfile.py SAFE_TOKEN), repeated
 # here because this module imports nothing of mldiag.
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_@%+,./:-]+")
 

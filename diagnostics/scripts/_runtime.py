@@ -1,13 +1,13 @@
 """mldiag's target-side runtime: runs one diagnostic under supervision and prints one framed result.
 
 It arrives on the target through the exec channel's stdin, after a fixed one-line bootstrap
-(``python3 -c BOOT``, see ``diagnostics/bundle.py``), so nothing but that constant ever crosses a
+(``python3 -c BOOT``, see ``diagnostics/engine/bundle.py``), so nothing but that constant ever crosses a
 shell.  Wire format after the bootstrap, each part preceded by its byte length and a newline:
 ``stage A`` (version guard and code cache, ``_stage_a.py``) · this file · header JSON · the
 diagnostic and any extra files.  The channel's stdin then stays open: when it closes (the client went away or the
 user pressed Ctrl-C), every process of the diagnostic is killed.
 
-What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
+What it guarantees (docs/architecture.md, invariants 3, 5 and 9):
 - a private temp directory (0700, files 0600), removed in every outcome unless ``keep``, written
   and removed through directory fds opened with O_NOFOLLOW, never by path; a parent directory
   that another user could change (writable by others without the sticky bit, or owned by
@@ -22,7 +22,7 @@ What it guarantees (DESIGN.md §3 invariants 3, 5 and 9):
 - exactly one result frame on stdout, whatever the diagnostic printed, raised or did; of what it
   printed, a bounded head and tail are kept;
 - with ``progress`` in the header (the client shows a live display), progress lines before the
-  frame (``@@MLDIAG-PROGRESS nonce@@ {json}``, see ``diagnostics/wire.py``): the child's log
+  frame (``@@MLDIAG-PROGRESS nonce@@ {json}``, see ``diagnostics/core/wire.py``): the child's log
   records (INFO and up, through a pipe of their own, never the script's fds), its latest output
   line, and in script mode its output itself; at most one line per PROGRESS_INTERVAL_S, each
   bounded, all of them together bounded. Without ``progress`` none of this is set up.
@@ -42,6 +42,8 @@ import time
 
 FRAME_BEGIN = "@@MLDIAG-RESULT-BEGIN %s@@"
 FRAME_END = "@@MLDIAG-RESULT-END %s@@"
+# The result statuses, best first: core/results.py STATUSES (tests/unit/test_order.py).
+STATUSES = ("ok", "warn", "fail", "error")
 PR_SET_CHILD_SUBREAPER = 36
 TERM_GRACE_S = 1.0
 # How long the runtime keeps killing what is left below it before it gives up and says so.
@@ -1138,15 +1140,14 @@ def read_report(private):
 
 
 def _status_of(doc_status, findings):
-    order = ["ok", "warn", "fail", "error"]
-    if doc_status in order:
+    if doc_status in STATUSES:
         return doc_status
     worst = 0
     for f in findings:
         level = f.get("level") if isinstance(f, dict) else None
-        if level in order:
-            worst = max(worst, order.index(level))
-    return order[worst]
+        if level in STATUSES:
+            worst = max(worst, STATUSES.index(level))
+    return STATUSES[worst]
 
 
 def exception_line(exc):

@@ -1,6 +1,6 @@
 """mldiag's stage A: the first code a target runs, right after the one-line bootstrap.
 
-The bootstrap (``python3 -c BOOT``, ``diagnostics/wire.py``) reads this file from the exec
+The bootstrap (``python3 -c BOOT``, ``diagnostics/core/wire.py``) reads this file from the exec
 channel's stdin and runs it with ``b`` bound to that stdin. It refuses a Python older than 3.8
 in a way the client recognises (so it must itself parse as Python 3.0), then reads the runtime
 (``_runtime.py``) from the stream, runs it and hands it the rest of stdin.

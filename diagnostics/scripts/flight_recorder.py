@@ -35,7 +35,7 @@ output_sizes, time_created_ns, timeout_ms, frames (max_frames: the innermost, th
 program's own, not site-packages), frames_total]}``
 (also "comm_lib_version", and "pg_config_groups"/"pg_status_groups": how many the file had;
 "trimmed": true past the output budget) or ``{"file", "rank", "error"}``. gloo's dump has ``pg_config`` under the key ``''`` (no group
-name): kept as it is; the client (diagnostics/stacks_fr.py) knows that shape.
+name): kept as it is; the client (diagnostics/builtin/stacks/flight_recorder.py) knows that shape.
 """
 
 import io

@@ -1,4 +1,4 @@
-"""stacks: where every rank of a distributed job is, one Python stack per process (issue 13).
+"""stacks: where every rank of a distributed job is, one Python stack per process.
 
 Runnable by hand (stdlib only): ``python3 stacks.py [--pid 123,456] [--match REGEX]``.
 
@@ -28,7 +28,7 @@ read as well.
 Result data: ``processes``: [{pid, ns_pid, rank, local_rank, world_size, group_rank, run_id,
 cmdline, found_by, collector, threads | error, seconds}]; ``collector``; ``py_spy``; ``left_out``
 (counts); ``machine``; ``flight_recorder``. The client folds the main-thread stacks across
-targets and names the odd rank (diagnostics/stacks_fold.py).
+targets and names the odd rank (diagnostics/builtin/stacks/fold.py).
 """
 
 import json

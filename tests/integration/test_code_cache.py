@@ -8,7 +8,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 
 
 def test_the_lab_users_cache_keeps_our_code_and_answers_alike(lab):

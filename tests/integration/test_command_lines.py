@@ -11,7 +11,8 @@ import re
 import shlex
 import textwrap
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 
 # The only allowed exception: the fixed bootstrap constant (checked shell-inert on its own).
 BOOT = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import drain, topology
-from diagnostics.hops.ssh import SshPool
-from diagnostics.results import Finding, Result
+from diagnostics.builtin.node_check import drain
+from diagnostics.inventory import topology
+from diagnostics.transport.ssh import SshPool
+from diagnostics.core.results import Finding, Result
 from tests import programs
 
 REPO = Path(__file__).resolve().parents[2]

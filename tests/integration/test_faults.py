@@ -22,8 +22,9 @@ from functools import partial
 
 import pytest
 
-from diagnostics import bundle, runner, topology
-from diagnostics.hops.ssh import SshPool
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
+from diagnostics.transport.ssh import SshPool
 from tests.lab.util import pids_with_marker, wait_until
 from tests.programs import mldiag, signal_and_wait, start_mldiag
 
@@ -315,7 +316,7 @@ def test_sftp_disabled_upload_still_works(hosts, lab):
                      mode="script", extra_files={"patch.txt": "diff \u00e9\n".encode()})
     r = runner.run_many([hosts.targets["nosftp"]], job)[0]
     assert r.status == "ok" and r.data["stdout"] == "diff \u00e9\n 0o600\n", r.to_dict()
-    from diagnostics.hops import chain_for
+    from diagnostics.transport import chain_for
     pool = SshPool()
     dest = f"/tmp/mldiag-put-nosftp-{os.getpid()}"
     try:

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 
 BLACKHOLE_PORT = 9      # nothing listens there in the jump namespace; the DROP rule makes it silent
 CONNECT_TIMEOUT = 5

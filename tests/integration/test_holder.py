@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.hops import held
+from diagnostics.transport import held
 from tests.lab.util import pids_with_marker as marked, wait_until
 from tests.programs import MLDIAG, ok, run_program, start_mldiag
 
@@ -81,7 +81,7 @@ def test_a_second_call_goes_through_the_holder_and_a_third_reuses_its_connection
     assert opened == [1, 1, 0], opened
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "diagnostics.hops.held" in imported
+    assert "diagnostics.transport.held" in imported
     assert not {"paramiko", "fabric", "cryptography"} & imported
     directory = runtime_dir / "mldiag"
     assert stat.S_IMODE(os.lstat(directory).st_mode) == 0o700

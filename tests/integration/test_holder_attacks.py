@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import topology
-from diagnostics.hops import held, sshconfig
+from diagnostics.inventory import topology
+from diagnostics.transport import held, sshconfig
 from tests.integration.test_holder import quit_holder, run, runtime_dir, sockets, wait_for  # noqa: F401
 from tests.programs import ok
 

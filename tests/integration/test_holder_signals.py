@@ -16,7 +16,7 @@ from functools import partial
 
 import pytest
 
-from diagnostics.hops import held
+from diagnostics.transport import held
 from tests.integration.test_holder import (quit_holder, remote, run, runtime_dir,  # noqa: F401
                                            sockets)
 from tests.lab.util import pids_with_marker as marked, wait_until
@@ -132,7 +132,7 @@ def test_a_term_to_the_holder_at_any_moment_of_its_start_leaves_nothing(runtime_
     directory = runtime_dir / "mldiag"
     directory.mkdir(mode=0o700)
     path = str(directory / "holder-signals.sock")
-    boot = "import sys; from diagnostics import holder; holder.main(sys.argv[1], 30.0)"
+    boot = "import sys; from diagnostics.transport import holder; holder.main(sys.argv[1], 30.0)"
     spawn = partial(subprocess.Popen, [sys.executable, "-c", boot, path], cwd=REPO,
                     start_new_session=True)
     began = time.monotonic()

@@ -99,7 +99,9 @@ def test_the_client_stays_bounded_under_a_gigabyte(lab, tmp_path):
                            + hostile_host(lab, "flood", "stderr-flood", HOSTILE_BYTES=10**9))
     probe = textwrap.dedent(f"""\
         import json, re
-        from diagnostics import bundle, runner, topology
+        from diagnostics.engine import bundle, runner
+        from diagnostics.builtin import BUILTIN; from diagnostics.engine import registry; registry.use(BUILTIN)
+        from diagnostics.inventory import topology
         topo = topology.load({str(hosts)!r})
         r = runner.run_one(topo.targets["flood"], bundle.script_job("ping"), runner.SshPool())
         with open("/proc/self/status") as f:
@@ -118,7 +120,7 @@ def test_the_client_stays_bounded_under_a_gigabyte(lab, tmp_path):
 def test_a_large_put_to_a_target_that_never_reads_ends_at_the_deadline(lab, tmp_path):
     """Item 11: 32 MB of --put (far past the SSH window) to a command that never reads stdin:
     a `timeout` row after --timeout plus the client's grace, not a hang; others unharmed."""
-    from diagnostics.runner import CLIENT_GRACE_S
+    from diagnostics.engine.runner import CLIENT_GRACE_S
     never_reads = lab.hostile_dir / "never-reads"
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(32 * 2**20))
@@ -205,8 +207,9 @@ def test_connections_close_with_their_last_target_and_stay_under_the_bound(lab):
     two direct connections at once, and none left open when the run ends (the pool is the
     caller's, so it is not the final close() that did it). Invariant 7 holds: the two targets
     on one host share its connection."""
-    from diagnostics import bundle, runner, topology
-    from diagnostics.hops.ssh import SshPool
+    from diagnostics.engine import bundle, runner
+    from diagnostics.inventory import topology
+    from diagnostics.transport.ssh import SshPool
     names = ["main", "main-again", "main-mlzsh", "main-nosudo", "main-root", "defaults", "nosftp", "inner"]
     hosts = lab.hosts_yaml("hosts:\n" + "".join(
         f"  {n}: {{address: {'main' if n == 'main-again' else n}}}\n" for n in names))

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 
 
 @pytest.fixture

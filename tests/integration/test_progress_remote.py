@@ -13,8 +13,9 @@ import textwrap
 
 import pytest
 
-from diagnostics import bundle, runner, topology
-from diagnostics.hops.ssh import SshPool
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
+from diagnostics.transport.ssh import SshPool
 from tests.terminal import TMUX, mldiag_screen
 
 WAITER = """\

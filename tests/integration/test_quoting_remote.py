@@ -11,9 +11,10 @@ import string
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diagnostics import bundle, runner, topology
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import is_safe_token
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import is_safe_token
 
 NASTY = ["'", '"', "$(id)", "`id`", "{a,b}", "*", "?", "[ab]", "=ls", "~root", "\n", "", "-c",
          "--json", "ü", "\\", ";", "|", "&", "!", "#", "%", " ", "${HOME}", "a b", "l1\nl2",

@@ -51,6 +51,7 @@ from tests.integration.test_diagnostics_remote import VENV_PY, tiny_models_in_ct
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+HOSTS_FILE_DOC = REPO / "docs" / "hosts-file.md"
 LOGS = REPO / "tests" / "fixtures" / "logs"
 EXIT_OF = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
@@ -355,9 +356,10 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_the_reference_hosts_yaml_loads_in_the_installed_mldiag(walkthrough, tmp_path):
-    """The walk-through under "## hosts.yaml" is a valid hosts file, and `mldiag hosts` (the
-    console script pip installed, from another directory) prints the chains the README shows."""
-    body = dict(sections(README.read_text()))["hosts.yaml"]
+    """The walk-through of docs/hosts-file.md (the README links it) is a valid hosts file, and
+    `mldiag hosts` (the console script pip installed, from another directory) prints the chains
+    it shows."""
+    body = HOSTS_FILE_DOC.read_text()
     blocks = fenced_blocks(body)
     example = next(text for info, text in blocks if info == "yaml")
     shown_rows = next(text for info, text in blocks if info == "" and text.startswith("TARGET "))
@@ -369,4 +371,4 @@ def test_the_reference_hosts_yaml_loads_in_the_installed_mldiag(walkthrough, tmp
     assert r.returncode == 0, shown(r)
     rows = {" ".join(line.split()) for line in r.stdout.splitlines()}
     for line in shown_rows.splitlines():
-        assert " ".join(line.split()) in rows, f"README shows {line!r}\n{shown(r)}"
+        assert " ".join(line.split()) in rows, f"docs/hosts-file.md shows {line!r}\n{shown(r)}"

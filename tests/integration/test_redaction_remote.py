@@ -1,4 +1,4 @@
-"""Issue 29 §1 through the real lab: the secret shapes diagnostics/redact.py once let through,
+"""Issue 29 §1 through the real lab: the secret shapes diagnostics/core/redact.py once let through,
 printed by a script and quoted by a log's tracebacks on real targets, reach no output.
 
 - run-script: a script prints every shape of tests/unit/test_redact.py's ISSUE_29_SHAPES (one
@@ -19,7 +19,7 @@ from functools import partial
 
 import pytest
 
-from diagnostics import redact
+from diagnostics.core import redact
 from tests import programs
 from tests.unit.test_redact import ISSUE_29_SHAPES, TWELVE_LINES
 

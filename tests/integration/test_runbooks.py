@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import __version__, runbook, runbook_run, runner, topology
+from diagnostics import __version__
+from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.engine import runner
+from diagnostics.inventory import topology
 from tests.integration.test_diagnostics_remote import bind, ct, mldiag, mlenv, tiny_models_in_ct
 from tests.programs import findings_by_code
 

@@ -5,7 +5,8 @@ tests/unit/test_shards.py has the table, --save, exit code and worker death on l
 
 import textwrap
 
-from diagnostics import bundle, runner, shards, topology
+from diagnostics.engine import bundle, runner, shards
+from diagnostics.inventory import topology
 
 SERVERS = ("main", "defaults", "jump")
 

@@ -10,7 +10,8 @@ from functools import partial
 
 import pytest
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 from tests import programs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -2,7 +2,7 @@
 (CPU torch), ranks 0-2 enqueue a second all_reduce that rank 3 never joins, each rank writes
 its own dump (tests/fixtures/stacks/fr_gloo_job.py) into this test's directory; then
 scripts/flight_recorder.py, run by hand as a target runs it, and the client's analysis
-(diagnostics/stacks_fr.py) on what it printed."""
+(diagnostics/builtin/stacks/flight_recorder.py) on what it printed."""
 
 import json
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import stacks_fr
+from diagnostics.builtin.stacks import flight_recorder as stacks_fr
 from tests.programs import SCRIPTS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from diagnostics import bundle, runner, topology
-from diagnostics.hops import sshconfig
-from diagnostics.hops.ssh import SshPool
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
+from diagnostics.transport import sshconfig
+from diagnostics.transport.ssh import SshPool
 
 VENV_PY = "/root/venv/bin/python"
 
@@ -217,8 +218,8 @@ def test_containers_of_one_host_share_one_ssh_connection(lab):
 def test_ssh_put_over_sftp(hosts, lab):
     """The contract's put on an SSH transport: SFTP, mode 0600, never over an existing file
     (the bundle itself is streamed through run; test_faults covers a host without SFTP)."""
-    from diagnostics.hops import transport_for
-    from diagnostics.hops.base import TransportError
+    from diagnostics.transport import transport_for
+    from diagnostics.transport.base import TransportError
     pool = SshPool()
     dest = f"/tmp/mldiag-put-test-{os.getpid()}"
     try:
@@ -245,7 +246,7 @@ def test_a_command_over_ssh_makes_no_os_pipe_per_channel(hosts, monkeypatch):
     with descriptors reused at once that byte corrupted another connection's SSH stream
     ("Invalid packet blocking" under `ulimit -n 100`, test_hostile_targets)."""
     import paramiko.channel
-    from diagnostics.hops import transport_for
+    from diagnostics.transport import transport_for
     made = []
     real = paramiko.channel.pipe.make_pipe
     monkeypatch.setattr(paramiko.channel.pipe, "make_pipe", lambda: made.append(1) or real())
@@ -287,7 +288,7 @@ def test_ssh_config_proxycommand_is_honoured(lab, tmp_path):
 def test_a_fabric_config_file_is_not_read(hosts, tmp_path, monkeypatch):
     """~/.fabric.yaml is Fabric's, not mldiag's: its `gateway` (a ProxyCommand that would
     replace mldiag's own socket) and its extra key files must not reach the connection."""
-    from diagnostics.hops import ssh
+    from diagnostics.transport import ssh
 
     home = tmp_path / "home"
     home.mkdir()

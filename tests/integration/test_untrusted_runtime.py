@@ -21,7 +21,8 @@ from functools import partial
 
 import pytest
 
-from diagnostics import bundle, runner, topology
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
 from tests import programs
 from tests.lab.util import pids_with_marker
 from tests.unit.test_runtime import HOPPER, HOPPER_DIAGNOSTIC, HOPPER_LIFETIME_S, survivors

@@ -9,7 +9,8 @@ import json
 import pytest
 from invoke import Collection, Config, Context, Exit
 
-from diagnostics import api, registry
+from diagnostics import api
+from diagnostics.engine import registry
 from tests.programs import mldiag
 from tests.unit.test_team import checks  # noqa: F401 (a fixture: the team directory)
 

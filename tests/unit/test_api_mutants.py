@@ -11,9 +11,12 @@ from dataclasses import replace
 import pytest
 from invoke import Config, Context, Exit
 
-from diagnostics import api, cli, registry, team
-from diagnostics.outcome import Outcome
-from diagnostics.tasks import COMMON_HELP, diagnostic_task
+from diagnostics import builtin
+from diagnostics import api
+from diagnostics.engine import execute, registry, team
+from diagnostics.builtin import BUILTIN
+from diagnostics.core.outcome import Outcome
+from diagnostics.cli.tasks import COMMON_HELP, diagnostic_task
 from tests.unit.test_team import checks  # noqa: F401 (a fixture: the team directory)
 
 
@@ -26,14 +29,14 @@ def registry_back():
 
 @pytest.fixture
 def engine(monkeypatch):
-    """``cli.run_diagnostic`` recorded: each call's spec, options and values; it prints nothing
+    """``execute.run_diagnostic`` recorded: each call's spec, options and values; it prints nothing
     and says ``said``."""
     calls = []
 
     def run_diagnostic(spec, opts, values, out=None):
         calls.append((spec, opts, dict(values)))
         return Outcome([], 0, ("said",))
-    monkeypatch.setattr(cli, "run_diagnostic", run_diagnostic)
+    monkeypatch.setattr(execute, "run_diagnostic", run_diagnostic)
     return calls
 
 
@@ -53,7 +56,7 @@ def test_run_hands_the_engine_the_command_lines_options_with_json_and_quiet(engi
     assert (got.documents, got.status, got.exit_code, got.messages) == ([], "ok", 0, ("said",))
     [(given_spec, opts, values)] = engine
     assert given_spec is spec and values == {"path": "/var/log/x", "lines": 5}
-    assert opts == cli.Options(host=["a", "b"], group=["gpus"], hosts_file="/h.yaml", json=True,
+    assert opts == execute.Options(host=["a", "b"], group=["gpus"], hosts_file="/h.yaml", json=True,
                                save="/out", parallel="3", timeout="7.5", keep_remote=True,
                                quiet=True)
     _, task_opts, task_values = by_the_task(engine, spec, Context(), path="/var/log/x", lines=5,
@@ -66,7 +69,7 @@ def test_run_hands_the_engine_the_command_lines_options_with_json_and_quiet(engi
 def test_run_with_nothing_given_runs_on_the_defaults(engine):
     api.run("ping")
     [(_, opts, values)] = engine
-    assert opts == cli.Options(host=[], group=[], json=True, quiet=True) and values == {}
+    assert opts == execute.Options(host=[], group=[], json=True, quiet=True) and values == {}
 
 
 @pytest.mark.parametrize("config", [Context(Config(overrides=CONFIGURED)),
@@ -95,7 +98,7 @@ def test_run_finds_a_team_task_in_this_runs_registry_before_the_hosts_file(engin
     directory, _ = checks
     plain = tmp_path / "plain.yaml"
     plain.write_text("hosts:\n  here: {local: true}\n")
-    registry.use(team.discover(str(plain), [str(directory)], entry_points=False))
+    registry.use(team.discover(BUILTIN, str(plain), [str(directory)], entry_points=False))
     api.run("probe", hosts_file=str(plain), level="warn")
     [(spec, opts, values)] = engine
     assert (spec.name, spec.builtin, values) == ("probe", False, {"level": "warn"})
@@ -107,7 +110,7 @@ def test_registry_for_and_collection_read_the_diagnostics_dirs(checks, tmp_path)
     plain.write_text("hosts:\n  here: {local: true}\n")
     found = api.registry_for(str(plain), [str(directory)])
     assert "probe" in found.specs and registry.current() is found
-    registry.use(registry.BUILTIN)
+    registry.use(builtin.BUILTIN)
     assert "probe" in api.collection(str(plain), [str(directory)]).tasks
     assert "probe" not in api.collection(str(plain)).tasks
 

@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from diagnostics import baseline
-from diagnostics.errors import InputError
-from diagnostics.results import Result
+from diagnostics.builtin.node_check import baseline
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import Result
 
 H100 = {"driver": "550.90.07", "cuda": "12.4", "kernel": "5.15.0-119-generic",
         "gpu.model": "NVIDIA H100 80GB HBM3", "gpu.count": 8,

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from diagnostics import cli
-from diagnostics.errors import InputError
+from diagnostics.engine import execute
+from diagnostics.core.errors import InputError
 from tests.programs import MLDIAG, inv, run_program
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,20 +23,20 @@ def run(argv, cwd=REPO, env=None, timeout=60):
 ])
 def test_bad_numbers_are_input_errors_naming_the_flag(flag, value, integer):
     with pytest.raises(InputError) as exc:
-        cli.parse_positive_number(flag, value, integer=integer)
+        execute.parse_positive_number(flag, value, integer=integer)
     assert str(exc.value).startswith(f"{flag}: expected a positive")
     assert repr(value) in str(exc.value)
 
 
 def test_good_numbers():
-    assert cli.parse_positive_number("--timeout", "2.5") == 2.5
-    assert cli.parse_positive_number("--timeout", ".5") == 0.5
-    assert cli.parse_positive_number("--parallel", "16", integer=True) == 16
-    assert cli.parse_positive_number("--timeout", None) is None
+    assert execute.parse_positive_number("--timeout", "2.5") == 2.5
+    assert execute.parse_positive_number("--timeout", ".5") == 0.5
+    assert execute.parse_positive_number("--parallel", "16", integer=True) == 16
+    assert execute.parse_positive_number("--timeout", None) is None
 
 
 def test_host_values_split_on_top_level_commas_only():
-    assert cli._split(["a,b", "gpu[01-03,07],c", "d"]) == ["a", "b", "gpu[01-03,07]", "c", "d"]
+    assert execute._split(["a,b", "gpu[01-03,07],c", "d"]) == ["a", "b", "gpu[01-03,07]", "c", "d"]
 
 
 def test_mldiag_maps_parse_errors_to_4_and_inv_keeps_1():

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 
-from diagnostics import bundle, runner, wire
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.core import wire
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.programs import load_script, space_free_python
 
 stage_a = load_script("_stage_a.py", "mldiag_stage_a_under_test")

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from diagnostics import cmdline, topology
+from diagnostics.cli import cmdline
+from diagnostics.inventory import topology
 from tests.programs import inv, mldiag, ok
 from tests.terminal import run_on_screen
 
@@ -444,7 +445,7 @@ PARSE_CASES = [
 
 def _parse(program_class, argv):
     from diagnostics import __version__
-    from diagnostics.tasks import ns
+    from diagnostics.cli.tasks import ns
     program = program_class(namespace=ns, version=__version__, name="mldiag", binary="mldiag")
     try:
         program.create_config()
@@ -464,7 +465,7 @@ def test_the_parser_of_the_named_tasks_parses_as_invokes_parser_of_all(argv):
     """mldiag builds parser contexts only for the tasks its command line names
     (MldiagProgram._make_parser); the parse must be the one Invoke's full parser makes."""
     from invoke import Program
-    from diagnostics.program import MldiagProgram
+    from diagnostics.cli.program import MldiagProgram
 
     class AllContexts(MldiagProgram):
         _make_parser = Program._make_parser
@@ -474,8 +475,8 @@ def test_the_parser_of_the_named_tasks_parses_as_invokes_parser_of_all(argv):
 
 def test_the_parser_has_the_named_tasks_contexts_only():
     from diagnostics import __version__
-    from diagnostics.program import MldiagProgram
-    from diagnostics.tasks import ns
+    from diagnostics.cli.program import MldiagProgram
+    from diagnostics.cli.tasks import ns
     program = MldiagProgram(namespace=ns, version=__version__, name="mldiag", binary="mldiag")
     program.create_config()
     program.parse_core(["mldiag", "gpu-status", "-H", "a"])

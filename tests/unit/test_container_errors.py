@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from diagnostics.hops.containers import Docker, Kubectl, Podman
+from diagnostics.transport.containers import Docker, Kubectl, Podman
 from tests.programs import mldiag
 
 NOWHERE = "unix:///nonexistent/mldiag-test.sock"

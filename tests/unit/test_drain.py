@@ -7,10 +7,10 @@ import datetime
 
 import pytest
 
-from diagnostics import drain
-from diagnostics.hops.base import ProcessOutput, Transport, TransportError
-from diagnostics.results import Finding, Result
-from diagnostics.topology import Slurm, SshHost, Target
+from diagnostics.builtin.node_check import drain
+from diagnostics.transport.base import ProcessOutput, Transport, TransportError
+from diagnostics.core.results import Finding, Result
+from diagnostics.inventory.topology import Slurm, SshHost, Target
 
 NOW = datetime.datetime(2026, 12, 1, 10, 0, 27, tzinfo=datetime.timezone.utc)
 LOGIN = Target(name="cluster-a", host=SshHost(name="cluster-a", address="login.cluster-a"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from diagnostics.drift import (ABSENT, DriftRow, FactGroup, FactRow, IGNORE_PATTERNS, drift,
+from diagnostics.views.drift import (ABSENT, DriftRow, FactGroup, FactRow, IGNORE_PATTERNS, drift,
                                drift_keys, fact_of, flatten, fold, format_drift, format_value,
                                is_ignored)
 

@@ -5,7 +5,7 @@ What "the engine imports without Invoke" means here, and what these tests prove:
 - the runbook model, the job table, results, renderers, reports, hosts.yaml and the save
   directory import with Invoke *and* Fabric unimportable (no transport in them at all);
 - the whole engine (``cli``, ``runbook_run``, ``runner``, the hops) imports with Invoke and
-  Fabric unimportable, and a local target runs end to end through ``cli.execute`` and
+  Fabric unimportable, and a local target runs end to end through ``execute.execute`` and
   ``runbook_run.execute`` so: the SSH transport imports Fabric (built on Invoke) only when it
   opens a connection;
 - beyond imports, the guard below refuses ``import invoke`` to any ``diagnostics`` module but
@@ -22,13 +22,15 @@ import textwrap
 import pytest
 from invoke import Context, Exit, task
 
-from diagnostics import cli, runbook, runbook_run, termination
-from diagnostics.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_INTERRUPTED, InputError,
+from diagnostics.engine import execute
+from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.core import termination
+from diagnostics.core.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_INTERRUPTED, InputError,
                                 Interrupted)
-from diagnostics.outcome import Outcome
-from diagnostics.results import Result
-from diagnostics.tasks import MldiagTask
-from diagnostics.topology import Target
+from diagnostics.core.outcome import Outcome
+from diagnostics.core.results import Result
+from diagnostics.cli.tasks import MldiagTask
+from diagnostics.inventory.topology import Target
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE_DIR = os.path.join(REPO, "diagnostics")
@@ -49,8 +51,8 @@ sys.meta_path.insert(0, Blocked())
 ENGINE_NEVER_IMPORTS_INVOKE = """\
 import builtins, sys
 
-TASK_LAYER = ("diagnostics.tasks", "diagnostics.program")
-FABRIC_USER = "diagnostics.hops.ssh"
+TASK_LAYER = ("diagnostics.cli.tasks", "diagnostics.cli.program")
+FABRIC_USER = "diagnostics.transport.ssh"
 real_import = builtins.__import__
 
 def guarded(name, globals=None, locals=None, fromlist=(), level=0):
@@ -75,11 +77,12 @@ def python(prelude: str, body: str, tmp_path) -> subprocess.CompletedProcess:
 def test_the_runbook_model_imports_without_invoke_or_fabric(tmp_path):
     """Once ``runbook → jobs → cli → invoke``; now jobs takes TargetInputError from errors."""
     proc = python(BLOCK_INVOKE_AND_FABRIC, """\
-        import diagnostics.runbook, diagnostics.jobs, diagnostics.results, diagnostics.render
-        import diagnostics.report, diagnostics.topology, diagnostics.savedir, diagnostics.outcome
-        import diagnostics.errors, diagnostics.termination, diagnostics.bundle
-        book = diagnostics.runbook.load(diagnostics.runbook.files(
-            diagnostics.runbook.search_dirs((), ()))["node-health"][0], "built-in")
+        import diagnostics.runbooks.model, diagnostics.engine.jobs, diagnostics.core.results, diagnostics.views.render
+        import diagnostics.runbooks.report, diagnostics.inventory.topology, diagnostics.core.savedir, diagnostics.core.outcome
+        import diagnostics.core.errors, diagnostics.core.termination, diagnostics.engine.bundle
+        from diagnostics.builtin import BUILTIN; from diagnostics.engine import registry; registry.use(BUILTIN)   # the program's first step
+        book = diagnostics.runbooks.model.load(diagnostics.runbooks.model.files(
+            diagnostics.runbooks.model.search_dirs((), ()))["node-health"][0], "built-in")
         print(len(book.steps), sorted(m for m in sys.modules if m.split(".")[0] in ("invoke", "fabric")))
         """, tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -96,7 +99,7 @@ def test_the_guard_refuses_invoke_to_engine_modules_only(tmp_path):
             exec("from invoke import Exit", ns)
         except ImportError as exc:
             print("refused:", exc)
-        import diagnostics.tasks
+        import diagnostics.cli.tasks
         print("tasks imported")
         """, tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -111,17 +114,18 @@ def test_a_local_target_runs_end_to_end_without_the_engine_importing_invoke(tmp_
                                       "  - {task: ping, id: first}\n  - {task: ping, id: again}\n")
     proc = python(BLOCK_INVOKE_AND_FABRIC + ENGINE_NEVER_IMPORTS_INVOKE, """\
         import io, json
-        import diagnostics.cli as cli, diagnostics.runbook_run as runbook_run
-        import diagnostics.runner, diagnostics.runbook, diagnostics.jobs, diagnostics.report
-        from diagnostics.errors import InputError
-        opts = cli.Options(host=["here"], hosts_file="hosts.yaml", json=True)
+        import diagnostics.engine.execute as execute, diagnostics.runbooks.run as runbook_run
+        import diagnostics.engine.runner, diagnostics.runbooks.model, diagnostics.engine.jobs, diagnostics.runbooks.report
+        from diagnostics.core.errors import InputError
+        from diagnostics.builtin import BUILTIN; from diagnostics.engine import registry; registry.use(BUILTIN)   # the program's first step
+        opts = execute.Options(host=["here"], hosts_file="hosts.yaml", json=True)
         out = io.StringIO()
-        outcome = cli.execute(opts, diagnostics.jobs.job_source("ping", {}), out=out)
+        outcome = execute.execute(opts, diagnostics.engine.jobs.job_source("ping", {}), out=out)
         docs = json.loads(out.getvalue())
         ran = runbook_run.execute(opts, "twice", runbooks_dirs=["books"], out=io.StringIO())
         try:
-            cli.execute(cli.Options(host=["nowhere"], hosts_file="hosts.yaml"),
-                        diagnostics.jobs.job_source("ping", {}))
+            execute.execute(execute.Options(host=["nowhere"], hosts_file="hosts.yaml"),
+                        diagnostics.engine.jobs.job_source("ping", {}))
         except InputError as exc:
             bad = str(exc)
         print(json.dumps({"code": outcome.exit_code, "statuses": [d["status"] for d in docs],
@@ -145,16 +149,16 @@ def test_no_engine_module_raises_invokes_exit():
                 text = open(path, encoding="utf-8").read()
                 if "raise Exit(" in text or "import invoke" in text or "from invoke" in text:
                     raising.append(os.path.relpath(path, ENGINE_DIR))
-    assert sorted(raising) == ["program.py", "tasks.py"]
+    assert sorted(raising) == ["cli/program.py", "cli/tasks.py"]
 
 
 # ------------------------------------------------------------------ what the engine hands back
 
 def test_bad_input_is_raised_as_mldiags_error_not_an_exit(tmp_path):
     (tmp_path / "hosts.yaml").write_text("hosts:\n  here: {local: true}\n")
-    opts = cli.Options(host=["here"], hosts_file=str(tmp_path / "hosts.yaml"), timeout="soon")
+    opts = execute.Options(host=["here"], hosts_file=str(tmp_path / "hosts.yaml"), timeout="soon")
     with pytest.raises(InputError, match="--timeout: expected a positive number") as caught:
-        cli.execute(opts, cli.script_file_job(__file__, [], []))
+        execute.execute(opts, execute.script_file_job(__file__, [], []))
     assert caught.value.exit_code == EXIT_BAD_INPUT
     with pytest.raises(InputError, match="name a runbook"):
         runbook_run.execute(opts, "")

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diagnostics import gpu_grid, render
-from diagnostics.results import ErrorInfo, Finding, Result
+from diagnostics.builtin.gpu_status import grid as gpu_grid
+from diagnostics.views import render
+from diagnostics.builtin.gpu_status import view as gpu_view
+from diagnostics.core.results import ErrorInfo, Finding, Result
 from tests.programs import REPO, mldiag
 from tests.terminal import mldiag_screen
 
@@ -128,8 +130,8 @@ def test_two_codes_never_share_a_mark():
 
 def test_one_target_keeps_its_rows_several_get_the_grid():
     one, two = io.StringIO(), io.StringIO()
-    render.render_gpus([node("a", n=2)], one)
-    render.render_gpus([node("a", n=2), node("b", n=2)], two)
+    gpu_view.render_gpus([node("a", n=2)], one)
+    gpu_view.render_gpus([node("a", n=2), node("b", n=2)], two)
     assert one.getvalue().splitlines()[1].startswith("TARGET  GPU  NAME")
     assert two.getvalue().splitlines()[1] == "NODES  GPU 0 1"
 
@@ -155,7 +157,7 @@ def test_any_json_a_target_sends_is_a_row_never_a_crash():
     assert [ch for ch in text if render.UNSAFE.match(ch) and ch != "\n"] == []
     lines = text.splitlines()
     assert lines[1] == "NODES       GPU 0 1 2 3"
-    assert "codes           X O - -" in lines      # an unknown level is drawn as a failure
+    assert "codes           X O - -" in lines      # an unknown level ranks as an error (core/results.py)
     assert "data\\u202e      no GPUs seen" in lines
     assert "err             not checked: \\x1b[2J" in lines
     assert "junk            - - ! !  (+7 GPUs without an index to draw)" in lines

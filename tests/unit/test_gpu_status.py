@@ -475,7 +475,7 @@ def calls_of(log):
 
 
 def known_of(result):
-    """What the client remembers of a run (diagnostics/smi_memory.py keeps the same three)."""
+    """What the client remembers of a run (diagnostics/builtin/gpu_status/smi_memory.py keeps the same three)."""
     return json.dumps({"driver": result["data"]["driver_version"], "cuda": result["data"]["cuda_version"],
                        "fields": result["data"]["nvidia_smi"]["fields_asked"]})
 
@@ -1145,7 +1145,7 @@ def test_one_gpu_is_said_in_the_singular():
     """Issue 11 item 15: "0 of 1 GPU visible", not "1 GPUs"."""
     gs = load_script("gpu_status.py", "gpu_status_plural")
     assert [gs.count_gpus(n) for n in (0, 1, 2, 8)] == ["0 GPUs", "1 GPU", "2 GPUs", "8 GPUs"]
-    from diagnostics import render
+    from diagnostics.views import render
     assert render.count(1, "GPU") == "1 GPU" and render.count(80, "GPU") == "80 GPUs"
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import holder, topology
-from diagnostics.errors import InputError
-from diagnostics.hops import held, sshconfig
-from diagnostics.hops.sshconfig import Endpoint
+from diagnostics.transport import holder
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.transport import held, private, sshconfig
+from diagnostics.transport.sshconfig import Endpoint
 
 JUMP = Endpoint("bastion", "10.0.0.1", 22, "ops", ("/k/id",), ("/k/known",), ("/etc/k",), "yes", 5.0)
 EP = Endpoint("gpu01", "10.0.0.2", 2222, "ml", ("/k/id",), ("/k/known",), ("/etc/k",), "accept-new",
@@ -90,22 +91,22 @@ def test_only_a_private_directory_of_this_user_holds(short_tmp, tmp_path, monkey
     run = short_tmp / "run"
     run.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
-    assert held.private_dir() == str(run / "mldiag")
+    assert private.private_dir() == str(run / "mldiag")
     assert oct(os.stat(run / "mldiag").st_mode & 0o777) == "0o700"
     os.chmod(run / "mldiag", 0o750)
-    assert held.private_dir() is None
+    assert private.private_dir() is None
     shutil.rmtree(run / "mldiag")
     real = short_tmp / "elsewhere"
     real.mkdir(mode=0o700)
     os.symlink(real, run / "mldiag")          # planted: a link is never followed
-    assert held.private_dir() is None
+    assert private.private_dir() is None
     os.unlink(run / "mldiag")
     os.chmod(run, 0o755)                      # XDG's own is not private: ours under /tmp
-    assert held.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
+    assert private.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
     deep = short_tmp / ("d" * 80)             # no room left for the socket's name (107 bytes)
     deep.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
-    assert held.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
+    assert private.private_dir() == f"/tmp/mldiag-{os.geteuid()}"
     assert not os.path.exists(deep / "mldiag")
 
 
@@ -162,7 +163,7 @@ def test_persist_is_inherited_from_defaults_and_overridden_per_host():
 
 
 def test_how_the_command_ended_is_taken_only_in_its_own_types():
-    from diagnostics.hops.base import StreamCapture
+    from diagnostics.transport.base import StreamCapture
     out = StreamCapture(10, 10)
     out.feed(b"hi")
     ended = held._ended({"exit_code": 3, "timed_out": False, "lost": None, "dropped": 0}, out, b"e")
@@ -178,15 +179,16 @@ def test_how_the_command_ended_is_taken_only_in_its_own_types():
 # ------------------------------------------------------------------ attacks (issue 29 section 4)
 
 def test_the_holders_name_changes_with_any_module_it_may_run(tmp_path, monkeypatch):
-    """Not only the four modules once listed by hand: a change to wire.py or hops/base.py (which
-    the holder runs for every request) gives a new name, so no holder of older code serves; a
-    diagnostic under scripts/ (never imported on this side) does not."""
+    """Not only the four modules once listed by hand: a change to core/wire.py or
+    transport/base.py (which the holder runs for every request) gives a new name, so no holder of
+    older code serves; a diagnostic under scripts/ (never imported on this side) does not."""
     package = Path(held.__file__).resolve().parents[1]
     copy = tmp_path / "diagnostics"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(held, "__file__", str(copy / "hops" / "held.py"))
+    monkeypatch.setattr(held, "PACKAGE_DIR", str(copy))
     names = [held.holder_name()]
-    for module in ("wire.py", "hops/base.py", "hops/sshconfig.py", "errors.py"):
+    for module in ("core/wire.py", "transport/base.py", "transport/sshconfig.py", "core/errors.py",
+                   "views/render.py"):
         os.utime(copy / module, ns=(1, 10**18 + len(names)))
         names.append(held.holder_name())
     assert len(set(names)) == len(names), names
@@ -196,8 +198,8 @@ def test_the_holders_name_changes_with_any_module_it_may_run(tmp_path, monkeypat
 
 HOLDER_LOADS = """
 import json, socket, sys, threading
-from diagnostics import holder
-from diagnostics.hops import held, knownhosts   # knownhosts: a connection's host-key step
+from diagnostics.transport import holder
+from diagnostics.transport import held, knownhosts   # knownhosts: a connection's host-key step
 path = sys.argv[1]
 
 def caller():
@@ -278,7 +280,7 @@ def test_a_runtime_dir_someone_else_can_swap_is_not_used(short_tmp, monkeypatch,
     os.chmod(parent, parent_mode)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
     expected = str(run_dir / "mldiag") if used else f"/tmp/mldiag-{os.geteuid()}"
-    assert held.private_dir() == expected
+    assert private.private_dir() == expected
 
 
 def test_a_holder_leaves_a_file_put_in_its_sockets_place_and_sees_it_is_not_reachable(short_tmp):

@@ -11,8 +11,11 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagnostics import baseline, node_view, prom, render, wire
-from diagnostics.results import ACTIONS, Result
+from diagnostics.builtin.node_check import baseline, view as node_view, prom
+from diagnostics.views import render
+from diagnostics.builtin.gpu_status import view as gpu_view
+from diagnostics.core import wire
+from diagnostics.core.results import ACTIONS, Result
 
 EDGE_INTS = [0, -1, 1, wire.MAX_INT, -wire.MAX_INT]
 EDGE_FLOATS = [0.5, 5e-324, 1.7976931348623157e308, -1.7976931348623157e308]
@@ -53,7 +56,7 @@ def _let_in(doc, target):
 
 
 def _every_output(results):
-    for show in (render.render_table, render.render_gpus, render.render_full,
+    for show in (render.render_table, gpu_view.render_gpus, render.render_full,
                  node_view.render_actions, render.render_json):
         out = io.StringIO()
         show(results, out)

@@ -5,7 +5,7 @@ import base64
 import paramiko
 import pytest
 
-from diagnostics.hops import knownhosts as kh
+from diagnostics.transport import knownhosts as kh
 
 
 @pytest.fixture(scope="module")

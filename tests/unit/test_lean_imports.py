@@ -1,5 +1,5 @@
 """Invoke and paramiko imported without unittest.mock, Invoke's vendored PyYAML and
-importlib.metadata (diagnostics/lean_imports.py), and still the same libraries: each check that
+importlib.metadata (diagnostics/core/lean_imports.py), and still the same libraries: each check that
 needs a fresh interpreter runs in one (this process has them all loaded already)."""
 
 import json
@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from diagnostics import lean_imports
-from diagnostics.lean_imports import distribution_version
+from diagnostics.core import lean_imports
+from diagnostics.core.lean_imports import distribution_version
 
 
 def fresh(code: str) -> dict:
@@ -24,7 +24,7 @@ def fresh(code: str) -> dict:
 def test_the_mldiag_command_imports_invoke_without_mock_asyncio_or_a_second_yaml():
     found = fresh("""
 import json, sys
-import diagnostics.program
+import diagnostics.cli.program
 import invoke, invoke.util, yaml
 loaded = {name: name in sys.modules for name in
           ("unittest.mock", "unittest", "asyncio", "invoke.vendor.yaml", "importlib.metadata")}
@@ -45,7 +45,7 @@ print(json.dumps({"loaded": loaded, "yaml_is_pyyaml": invoke.util.yaml is yaml,
 def test_pyyamls_pure_python_reader_compiles_its_pattern_when_used_and_still_refuses():
     found = fresh("""
 import json, re, sys
-import diagnostics.program
+import diagnostics.cli.program
 import yaml, yaml.reader
 pattern = yaml.reader.Reader.NON_PRINTABLE
 lazy = not isinstance(pattern, re.Pattern)
@@ -74,7 +74,7 @@ def test_a_lazy_pattern_is_the_pattern():
 def test_paramiko_imported_lean_has_its_real_version_and_banner():
     found = fresh("""
 import json, sys
-from diagnostics import lean_imports
+from diagnostics.core import lean_imports
 paramiko = lean_imports.import_paramiko()
 before = "importlib.metadata" in sys.modules
 import paramiko.transport
@@ -153,7 +153,8 @@ def test_stand_ins_are_taken_out_even_when_the_import_fails(monkeypatch):
 def test_the_console_script_freezes_what_it_and_paramiko_import_and_keeps_the_collector_on():
     found = fresh("""
 import gc, json, tomllib
-from diagnostics import entry, lean_imports
+from diagnostics.cli import entry
+from diagnostics.core import lean_imports
 program = entry.start()
 after_start = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
                "program_frozen": not any(o is program for o in gc.get_objects())}
@@ -172,14 +173,14 @@ print(json.dumps({"start": after_start, "paramiko": after_paramiko, "collected":
     assert after["frozen"] > start["frozen"] + 5000
     # what the run itself makes is still collected
     assert found["collected"] >= 1
-    assert found["script"] == {"mldiag": "diagnostics.entry:main"}
+    assert found["script"] == {"mldiag": "diagnostics.cli.entry:main"}
 
 
 def test_a_library_caller_keeps_its_own_collector_untouched():
     found = fresh("""
 import gc, json
-from diagnostics import lean_imports
-import diagnostics.program
+from diagnostics.core import lean_imports
+import diagnostics.cli.program
 lean_imports.import_paramiko()
 print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
 """)
@@ -194,7 +195,7 @@ def test_the_console_script_leaves_pythons_bytecode_setting_as_it_found_it(flags
     prefix = tmp_path / "pycache"
     code = f"""
 import json, sys
-from diagnostics.program import program
+from diagnostics.cli.program import program
 program.parse_core(["mldiag", "hosts"])
 setting = sys.dont_write_bytecode
 import {LATE_MODULE}   # a stdlib module nothing had imported yet

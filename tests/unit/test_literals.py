@@ -1,11 +1,13 @@
-"""diagnostics/literals.py: a file's literal values read with ast, never run."""
+"""diagnostics/core/literals.py: a file's literal values read with ast, never run."""
 
 import ast
 import os
 
 import pytest
 
-from diagnostics import literals, registry
+from diagnostics import builtin
+from diagnostics.core import literals
+from diagnostics.engine import registry
 
 
 def constants(source):
@@ -27,7 +29,7 @@ def test_anything_else_is_not_a_literal(source):
 
 
 def test_dcgm_levels_are_read_from_the_script_that_runs_them(tmp_path):
-    assert registry.dcgm_level_timeouts() == {1: 120.0, 2: 600.0, 3: 3600.0, 4: 14400.0}
+    assert builtin.dcgm_level_timeouts() == {1: 120.0, 2: 600.0, 3: 3600.0, 4: 14400.0}
     script = tmp_path / "ran.py"
     marker = tmp_path / "marker"
     script.write_text(f"open({str(marker)!r}, 'w').close()\nLEVEL = 3\n")

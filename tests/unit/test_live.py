@@ -223,8 +223,8 @@ def test_with_json_on_a_terminal_nothing_live_is_drawn(work):
 
 def test_not_on_a_terminal_the_area_is_inert():
     import io
-    from diagnostics import live
-    from diagnostics.results import Result
+    from diagnostics.engine import live
+    from diagnostics.core.results import Result
     for stream, enabled in ((io.StringIO(), True), (open(os.devnull, "w"), True)):
         area = live.open_area(stream, ["a", "b"], enabled=enabled)
         assert not area.live and area.ticker is None

@@ -1,4 +1,4 @@
-"""An interrupted fan-out tells its local children to stop (diagnostics/hops/local.py, Stopper),
+"""An interrupted fan-out tells its local children to stop (diagnostics/transport/local.py, Stopper),
 whenever the signal lands: a child is registered before it is started, and none starts after.
 
 Found by a stress run of tests/integration/test_termination.py's two-signal case (about one run
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from diagnostics.hops import local
-from diagnostics.hops.local import LocalTransport, Stopper
+from diagnostics.transport import local
+from diagnostics.transport.local import LocalTransport, Stopper
 from tests.programs import space_free_python
 
 

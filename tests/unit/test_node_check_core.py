@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import bundle, jobs, node_view, registry, topology, wire
-from diagnostics.errors import InputError
-from diagnostics.results import ACTIONS, Finding, Result, action_rank, worst_action
+from diagnostics import builtin
+from diagnostics.engine import bundle, jobs, registry
+from diagnostics.builtin.node_check import view as node_view
+from diagnostics.inventory import topology
+from diagnostics.core import wire
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import ACTIONS, Finding, Result, action_rank, worst_action
 from tests.programs import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +258,7 @@ def test_the_job_sends_the_expect_block_and_raises_the_timeout_for_dcgm_levels()
     assert list(job.argv) == ["--since=2h", '--expect={"gpus": 8, "ib_rate": 400}']
     assert job.timeout is None            # the target's own 100 s
     deep = jobs.job_source("node-check", {"dcgm_level": "3"})(target)
-    assert deep.timeout == registry.dcgm_level_timeouts()[3] + 60
+    assert deep.timeout == builtin.dcgm_level_timeouts()[3] + 60
     assert "--dcgm-level=3" in deep.argv
     off = jobs.job_source("node-check", {"dcgm_level": "3", "no_dcgm": True})(target)
     assert off.timeout is None
@@ -263,11 +267,11 @@ def test_the_job_sends_the_expect_block_and_raises_the_timeout_for_dcgm_levels()
 def test_the_job_timeout_and_the_script_budget_follow_dcgm_py():
     dcgm = load_script("dcgm.py", "mldiag_test_dcgm_levels")
     for level in (1, 2, 3):
-        assert registry.dcgm_level_timeouts()[level] == dcgm.timeout_for(level), level
+        assert builtin.dcgm_level_timeouts()[level] == dcgm.timeout_for(level), level
         # the script's budget covers dcgmi's own timeout: a slow level-3 run ends as dcgm.py's
         # verdict, never as "hung" at the node-check budget
         assert nc.dcgm_budget(level) >= dcgm.timeout_for(level) + 60, level
-    assert registry.dcgm_level_timeouts()[3] == 3600.0
+    assert builtin.dcgm_level_timeouts()[3] == 3600.0
     assert nc.dcgm_budget(None) == nc.DEFAULT_BUDGET
 
 

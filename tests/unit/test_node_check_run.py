@@ -1,4 +1,4 @@
-"""node-check's client side (diagnostics/node_check_run.py): bad flags refused before any target
+"""node-check's client side (diagnostics/builtin/node_check/run.py): bad flags refused before any target
 is touched, and --drain/--undrain with no Slurm node among the targets is an error, not a
 silent no-op. The target is a real local run of the node-check script (this machine: no GPU)."""
 
@@ -12,10 +12,12 @@ import time
 
 import pytest
 
-from diagnostics import cli, node_check_run, termination, undrain as undrain_mod
-from diagnostics.errors import EXIT_ERROR, InputError
-from diagnostics.outcome import Outcome
-from diagnostics.results import Finding, Result
+from diagnostics.engine import execute
+from diagnostics.builtin.node_check import run as node_check_run, undrain as undrain_mod
+from diagnostics.core import termination
+from diagnostics.core.errors import EXIT_ERROR, InputError
+from diagnostics.core.outcome import Outcome
+from diagnostics.core.results import Finding, Result
 from tests.programs import marking_python
 from tests.unit.test_undrain import WindowLogin
 
@@ -30,7 +32,7 @@ def hosts(tmp_path):
 
 
 def opts(hosts_file, **more):
-    return cli.Options(host=["here"], hosts_file=str(hosts_file), **more)
+    return execute.Options(host=["here"], hosts_file=str(hosts_file), **more)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -92,7 +94,7 @@ def test_a_prom_file_that_cannot_be_written_does_not_skip_the_drain(tmp_path, mo
     in_the_way = tmp_path / "node.prom"
     in_the_way.mkdir()                                   # a directory at the path
     results = [Result(diagnostic="node-check", target="here", status="ok", summary="")]
-    outcome = node_check_run.finish(cli.Options(host=["here"]), Outcome(results), None,
+    outcome = node_check_run.finish(execute.Options(host=["here"]), Outcome(results), None,
                                     str(in_the_way), out=io.StringIO(), drain=True)
     assert [kw["drain"] for kw in ran] == [True]         # the Slurm step ran
     assert outcome.exit_code >= EXIT_ERROR
@@ -111,7 +113,7 @@ def test_any_failure_of_the_prom_writer_is_said_and_the_drain_still_runs(tmp_pat
     monkeypatch.setattr(node_check_run.prom_mod, "write", lambda path, results: _raise(broken))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the internal-error traceback file
     path = str(tmp_path / "node.prom")
-    outcome = node_check_run.finish(cli.Options(host=["here"]), Outcome([], 1), None, path,
+    outcome = node_check_run.finish(execute.Options(host=["here"]), Outcome([], 1), None, path,
                                     out=io.StringIO(), drain=True)
     assert len(ran) == 1 and outcome.exit_code == EXIT_ERROR
     [message] = outcome.messages
@@ -130,7 +132,7 @@ def test_a_baseline_that_cannot_be_written_does_not_skip_the_prom_file_or_the_dr
                       data={"facts": {"gpu.count": 8}})]
     missing = tmp_path / "no-such-dir" / "base.json"
     prom = tmp_path / "node.prom"
-    outcome = node_check_run.finish(cli.Options(host=["here"]), Outcome(results), str(missing),
+    outcome = node_check_run.finish(execute.Options(host=["here"]), Outcome(results), str(missing),
                                     str(prom), out=io.StringIO(), drain=True)
     assert len(ran) == 1 and prom.exists()
     assert outcome.exit_code >= EXIT_ERROR
@@ -181,11 +183,11 @@ def cluster_hosts(tmp_path):
 
 def undrain_with(monkeypatch, hosts_file, fake, check):
     """node_check_run.execute(--undrain) with ``fake`` as the login host and ``check`` as the
-    check itself (cli.execute), inside the task layer's signal handling."""
+    check itself (execute.execute), inside the task layer's signal handling."""
     monkeypatch.setattr(undrain_mod, "transport_for", lambda target, pool: fake)
-    monkeypatch.setattr(cli, "execute", check)
+    monkeypatch.setattr(execute, "execute", check)
     with termination.terminates_like_ctrl_c():
-        return node_check_run.execute(cli.Options(host=["cluster-a"], hosts_file=str(hosts_file)),
+        return node_check_run.execute(execute.Options(host=["cluster-a"], hosts_file=str(hosts_file)),
                                       {"no_dcgm": True}, undrain=True, out=io.StringIO())
 
 

@@ -7,9 +7,11 @@ import stat
 
 import pytest
 
-from diagnostics import bundle, nodeset, runner, topology
-from diagnostics.errors import InputError
-from diagnostics.hops import slurm
+from diagnostics.engine import bundle, runner
+from diagnostics.core import nodeset
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.transport import slurm
 from tests.programs import mldiag
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
-from diagnostics.render import fold_names
+from diagnostics.views.render import fold_names
 
 VECTORS = json.loads((Path(__file__).parent.parent / "fixtures" / "nodeset"
                       / "clustershell-vectors.json").read_text(encoding="utf-8"))

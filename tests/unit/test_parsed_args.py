@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
-from diagnostics import bundle, jobs, registry, runner
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics import builtin
+from diagnostics.engine import bundle, jobs, registry, runner
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.programs import space_free_python
 
 SCRIPTS = bundle.SCRIPTS_DIR
@@ -98,7 +99,7 @@ SAMPLE_ARGV = {
 
 
 def test_every_task_has_a_sample():
-    assert set(SAMPLE_ARGV) == set(registry.REGISTRY)
+    assert set(SAMPLE_ARGV) == set(builtin.REGISTRY)
 
 
 @pytest.mark.parametrize("task", sorted(SAMPLE_ARGV))

@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
-from diagnostics import bundle, runner, wire
-from diagnostics.hops.local import LocalTransport
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.core import wire
+from diagnostics.transport.local import LocalTransport
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.programs import load_script, space_free_python
 
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -290,7 +291,7 @@ def test_hostile_lines_are_counted_and_dropped(bad):
 def test_escapes_pass_as_text_for_the_display_to_make_inert():
     """The reader does not judge text; everything shown goes through render.safe_text (the
     terminal tests show it on a real screen)."""
-    from diagnostics.live import shown_line
+    from diagnostics.engine.live import shown_line
     got, _ = read(line({"seq": 0, "t": 0, "text": "\x1b]0;owned\x07\x1b[2J\u202eevil"}))
     assert shown_line(got[0]["text"]) == "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil"
 
@@ -335,7 +336,7 @@ def test_replayed_or_reordered_records_are_dropped():
 def test_the_result_frame_is_found_after_a_full_run_of_progress():
     """The most progress a runtime sends, then a maximal-size frame: the stdout capture keeps
     it all, and read_result finds the frame."""
-    from diagnostics.hops.base import StreamCapture
+    from diagnostics.transport.base import StreamCapture
     rt = load_script("_runtime.py", "mldiag_runtime_progress")
     cap = StreamCapture(wire.STDOUT_HEAD, wire.STDOUT_TAIL)
     record = line({"seq": 0, "t": 0, "output": [["stdout", "\x00" * 8192]]})
@@ -388,7 +389,7 @@ def test_many_targets_report_progress_from_their_own_threads(tmp_path):
 
 
 def test_progress_crosses_from_worker_processes_alike():
-    """A sharded run (diagnostics/shards.py) passes each target's progress back to this process:
+    """A sharded run (diagnostics/engine/shards.py) passes each target's progress back to this process:
     the start, then the output line, for every target, secrets masked in the worker."""
     targets = [Target(name=f"w{i}", local=True, python=space_free_python(),
                       env=(("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),)) for i in range(4)]

@@ -8,9 +8,9 @@ import stat
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnostics import prom
-from diagnostics.errors import InputError
-from diagnostics.results import Finding, Result
+from diagnostics.builtin.node_check import prom
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import Finding, Result
 
 HOSTILE = 'gpu"node\\01\nsecond line'
 

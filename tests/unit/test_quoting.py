@@ -10,13 +10,14 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diagnostics import bundle, hops, runner
-from diagnostics.hops import chain_for
-from diagnostics.hops.base import ProcessOutput, Transport
-from diagnostics.hops.containers import Docker, Lxc, Pct, Podman
-from diagnostics.hops.slurm import SrunStep
-from diagnostics.hops.ssh import SshPool, UnsafeCommand, join_checked
-from diagnostics.topology import SAFE_TOKEN, Container, Slurm, SshHost, Target, is_safe_token
+from diagnostics.engine import bundle, runner
+from diagnostics import transport as hops
+from diagnostics.transport import chain_for
+from diagnostics.transport.base import ProcessOutput, Transport
+from diagnostics.transport.containers import Docker, Lxc, Pct, Podman
+from diagnostics.transport.slurm import SrunStep
+from diagnostics.transport.ssh import SshPool, UnsafeCommand, join_checked
+from diagnostics.inventory.topology import SAFE_TOKEN, Container, Slurm, SshHost, Target, is_safe_token
 
 NASTY = ["'", '"', "$(id)", "`id`", "{a,b}", "*", "?", "[ab]", "=ls", "~root", "\n", "", "-c",
          "--json", "ü", "\\", ";", "|", "&", "!", "#", "%", " ", "\t", "\x00"[:0], "${HOME}",

@@ -1,4 +1,4 @@
-"""Secrets are masked in result documents (diagnostics/redact.py).
+"""Secrets are masked in result documents (diagnostics/core/redact.py).
 
 The two tables below are also what bench/redact.py scores redact.py and detect-secrets on.
 Every pattern and rule of redact.py has a row here that fails without it (checked with mutmut).
@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from diagnostics import redact
-from diagnostics.results import Result
+from diagnostics.core import redact
+from diagnostics.core.results import Result
 
 # Real-world shapes. Token-like values are assembled from parts so that no scanner mistakes this
 # file for a leak; each is the length and alphabet of the real format.
@@ -598,13 +598,13 @@ def test_short_values_are_not_treated_as_secrets():
 
 
 def test_internal_error_report_and_its_traceback_file_hold_no_secret():
-    from diagnostics import cli
+    from diagnostics.engine import execute
     import os
     import re as re_
     try:
         raise RuntimeError(f"request failed with HF_TOKEN={HF}")
     except RuntimeError as exc:
-        message = cli.internal_error(exc)
+        message = execute.internal_error(exc)
     assert HF not in message and "HF_TOKEN=<redacted>" in message
     path = re_.search(r"full traceback in (\S+)", message).group(1)
     try:
@@ -621,8 +621,8 @@ def test_patterns_compile_when_a_text_first_needs_them():
     import sys
     code = """
 import json
-from diagnostics import redact
-from diagnostics.lean_imports import LazyPattern
+from diagnostics.core import redact
+from diagnostics.core.lean_imports import LazyPattern
 lazy = [p for p in (redact._HEAD, redact._VALUE, redact._NOT_A_SECRET_VALUE, redact._BEARER,
                     redact._PROSE_VALUE, redact._BLOCK_SCALAR, redact._COOKIE_PAIR,
                     redact._PASSWORD_COMMAND,

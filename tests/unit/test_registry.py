@@ -1,4 +1,4 @@
-"""One registry, one path (diagnostics/registry.py): every diagnostic's task is generated from
+"""One registry, one path (diagnostics/engine/registry.py): every diagnostic's task is generated from
 its spec, a runbook step takes exactly the task's flags (or refuses one with its reason), and
 a runbook's step gets the task's fleet judgement: node-check's --baseline findings."""
 
@@ -9,9 +9,12 @@ import textwrap
 
 import pytest
 
-from diagnostics import cli, registry, runbook, runbook_run, topology
-from diagnostics.errors import InputError
-from diagnostics.tasks import COMMON_PARAMETERS, diagnostic_task, ns
+from diagnostics import builtin
+from diagnostics.engine import execute, registry
+from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.cli.tasks import COMMON_PARAMETERS, diagnostic_task, ns
 from tests.unit.test_node_check_run import hosts  # noqa: F401 (a fixture: a marking local target)
 
 COMMON = {name.replace("_", "-") for name, _ in COMMON_PARAMETERS}
@@ -41,10 +44,10 @@ def step_with(spec, arg):
 def test_the_registry_lists_the_tasks_mldiag_has():
     diagnostic_tasks = [n for n in ns.tasks if n not in ("hosts", "run-script", "runbook")]
     assert diagnostic_tasks == registry.names()
-    assert [ns[n].__doc__ for n in diagnostic_tasks] == [s.summary for s in registry.BUILTINS]
+    assert [ns[n].__doc__ for n in diagnostic_tasks] == [s.summary for s in builtin.BUILTINS]
 
 
-@pytest.mark.parametrize("spec", registry.BUILTINS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", builtin.BUILTINS, ids=lambda s: s.name)
 def test_every_flag_of_a_task_is_a_runbook_arg_or_refused_with_its_reason(spec):
     own = [f for f in task_flags(spec.name) if f not in COMMON]
     assert sorted(own) == sorted(a.name for a in spec.args)
@@ -63,7 +66,7 @@ def test_every_flag_of_a_task_is_a_runbook_arg_or_refused_with_its_reason(spec):
             assert step.args[0][0] == arg.name, text
 
 
-@pytest.mark.parametrize("spec", registry.BUILTINS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", builtin.BUILTINS, ids=lambda s: s.name)
 def test_a_tasks_flag_help_and_value_name_are_its_specs(spec):
     # a task built afresh: Invoke hands each flag's help out once (get_arguments pops it)
     context_args = {a.name: a for a in diagnostic_task(spec).get_arguments()}
@@ -82,7 +85,7 @@ def test_client_side_args_are_never_sent_to_the_target():
 
 
 def registry_job(name, values):
-    from diagnostics import jobs
+    from diagnostics.engine import jobs
     return jobs.job_source(name, values)
 
 
@@ -104,17 +107,17 @@ def findings_of(docs):
 
 def test_a_runbook_node_check_step_with_a_baseline_gives_the_tasks_findings(hosts, tmp_path):
     hosts, _ = hosts
-    opts = cli.Options(host=["here"], hosts_file=str(hosts), json=True)
+    opts = execute.Options(host=["here"], hosts_file=str(hosts), json=True)
     saved = tmp_path / "books" / "base.json"
     saved.parent.mkdir()
-    cli.run_diagnostic(registry.get("node-check"), opts,
+    execute.run_diagnostic(registry.get("node-check"), opts,
                        {"no_dcgm": True, "save_baseline": str(saved)}, out=io.StringIO())
     base = json.loads(saved.read_text())
     base["nodes"]["here"]["kernel"] = "0.0.0-not-this-one"
     saved.write_text(json.dumps(base))
 
     out = io.StringIO()
-    cli.run_diagnostic(registry.get("node-check"), opts, {"no_dcgm": True, "baseline": str(saved)},
+    execute.run_diagnostic(registry.get("node-check"), opts, {"no_dcgm": True, "baseline": str(saved)},
                        out=out)
     by_task = findings_of(json.loads(out.getvalue()))
     assert ("warn", "baseline-deviation", "monitor") in by_task, by_task
@@ -140,7 +143,7 @@ def test_a_runbook_whose_baseline_is_not_one_is_refused_before_anything_runs(hos
             args: {baseline: base.json}
         """))
     save = tmp_path / "out"
-    opts = cli.Options(host=["here"], hosts_file=str(hosts), save=str(save))
+    opts = execute.Options(host=["here"], hosts_file=str(hosts), save=str(save))
     with pytest.raises(InputError, match="base.json"):
         runbook_run.execute(opts, "nc", runbooks_dirs=[str(tmp_path / "books")], out=io.StringIO())
     assert not marker.exists() and not save.exists()

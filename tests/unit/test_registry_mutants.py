@@ -1,4 +1,4 @@
-"""diagnostics/registry.py, in this process (mutmut-registry.cfg): each built-in's hooks as a
+"""diagnostics/engine/registry.py, in this process (mutmut-registry.cfg): each built-in's hooks as a
 task and a runbook step call them (the job a target gets, the timeout, the bad-input check, the
 view after the table, the common options), and the words of ``unknown``.
 
@@ -12,10 +12,13 @@ import os
 
 import pytest
 
-from diagnostics import cli, jobs, registry, smi_memory, topology
-from diagnostics.errors import InputError
-from diagnostics.team import Problem
-from diagnostics.topology import Target
+from diagnostics import builtin
+from diagnostics.engine import execute, jobs, registry
+from diagnostics.builtin.gpu_status import smi_memory
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.engine.team import Problem
+from diagnostics.inventory.topology import Target
 
 BUILTIN_NAMES = ("ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, "
                  "stacks")
@@ -73,7 +76,7 @@ def test_unknown_lists_and_guesses_the_callers_other_tasks_after_the_diagnostics
 
 def test_unknown_says_a_team_files_problem_for_its_task_only():
     problem = Problem("probe", "/team/probe.py", 3, "syntax error: '{' was never closed")
-    registry.use(registry.Registry(registry.REGISTRY, (problem,)))
+    registry.use(registry.Registry(builtin.REGISTRY, (problem,)))
     assert registry.unknown("probe") == ("task 'probe' cannot run: /team/probe.py:3: syntax error: "
                                          "'{' was never closed")
     assert registry.unknown("scanlog") == ("unknown task 'scanlog' (did you mean 'scan-log'? "
@@ -141,18 +144,19 @@ def test_stacks_checks_pid_and_match_before_anything_connects():
 
 def test_env_report_shows_only_what_differs_unless_full():
     options = registry.get("env-report").options
-    assert options(cli.Options(), {}).diff is True
-    assert options(cli.Options(), {"full": True}).diff is False
-    assert options(cli.Options(diff=True), {"full": True}).diff is True
-    assert options(cli.Options(host=["box"]), {"full": None}) == cli.Options(host=["box"],
+    assert options(execute.Options(), {}).diff is True
+    assert options(execute.Options(), {"full": True}).diff is False
+    assert options(execute.Options(diff=True), {"full": True}).diff is True
+    assert options(execute.Options(host=["box"]), {"full": None}) == execute.Options(host=["box"],
                                                                              diff=True)
 
 
 # ---------------------------------------------------------------------------- the views
 
 @pytest.mark.parametrize("task, module, renderer", [
-    ("gpu-status", "render", "render_gpus"), ("env-report", "render", "render_full"),
-    ("node-check", "node_view", "render_actions"), ("stacks", "stacks_run", "render_view")])
+    ("gpu-status", "builtin.gpu_status.view", "render_gpus"), ("env-report", "views.render", "render_full"),
+    ("node-check", "builtin.node_check.view", "render_actions"),
+    ("stacks", "builtin.stacks.run", "render_view")])
 def test_a_tasks_view_is_its_renderer_given_the_results_the_stream_and_the_colour(
         monkeypatch, task, module, renderer):
     calls = []
@@ -166,5 +170,5 @@ def test_a_tasks_view_is_its_renderer_given_the_results_the_stream_and_the_colou
 
 
 def test_only_these_tasks_have_a_view():
-    assert [s.name for s in registry.BUILTINS if s.view] == ["gpu-status", "env-report",
+    assert [s.name for s in builtin.BUILTINS if s.view] == ["gpu-status", "env-report",
                                                             "node-check", "stacks"]

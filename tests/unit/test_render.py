@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from diagnostics.render import (fold, fold_names, render_hosts, render_json, render_table,
+from diagnostics.views.render import (fold, fold_names, render_hosts, render_json, render_table,
                                 summary_line)
-from diagnostics.results import ErrorInfo, Finding, Result
+from diagnostics.core.results import ErrorInfo, Finding, Result
 
 ATTN_OK = "sdpa  16/64 full-attention layers"
 
@@ -299,7 +299,7 @@ cluster-a:n3  ssh root@login.cluster-a → srun -w n3 → python3
 
 
 def test_gpu_rows_table_literal():
-    from diagnostics.render import render_gpus
+    from diagnostics.builtin.gpu_status.view import render_gpus
     gpu = {"index": 3, "name": "NVIDIA H200", "memory_used_mib": 72704, "memory_total_mib": 143771,
            "utilization_gpu_pct": 97, "temperature_c": 28, "power_draw_w": 77.71, "power_limit_w": 700.0,
            "clocks_event_reasons": {"names": ["gpu_idle", "sw_power_cap"]}}
@@ -326,7 +326,8 @@ def test_gpu_rows_table_literal():
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from diagnostics import render  # noqa: E402
+from diagnostics.views import render  # noqa: E402
+from diagnostics.builtin.gpu_status import view as gpu_view  # noqa: E402
 
 HOSTILE = [
     "\x1b]0;owned\x07\x1b[2J",           # set the title, clear the screen (a METADATA Version:)
@@ -366,13 +367,13 @@ def hostile_results(s):
 def every_view(results):
     """What each view writes, by name: the table (with the GPU grid after it), the per-GPU rows
     of one target, drift, the full view, hosts, and the runbook report on a terminal."""
-    from diagnostics import report
-    from diagnostics.runbook_run import RunbookRun, StepRun
+    from diagnostics.runbooks import report
+    from diagnostics.runbooks.run import RunbookRun, StepRun
     from tests.unit.test_runbook_report import BOOK
     views = {}
     for name, write in {
-        "table+gpus": lambda out: render_table(results, out, details=render.render_gpus),
-        "gpus of one": lambda out: render.render_gpus(results[:1], out),
+        "table+gpus": lambda out: render_table(results, out, details=gpu_view.render_gpus),
+        "gpus of one": lambda out: gpu_view.render_gpus(results[:1], out),
         "diff": lambda out: render.render_diff(results, out),
         "full": lambda out: render.render_full(results, out),
         "hosts": lambda out: render_hosts([(r.target, r.summary) for r in results], out),
@@ -398,7 +399,7 @@ def test_no_view_lets_a_control_character_through():
 
 def test_the_gpu_rows_show_a_hostile_name_escaped():
     out = io.StringIO()
-    render.render_gpus([Result("gpu-status", "n1", "ok", "s", data={"gpus": [
+    gpu_view.render_gpus([Result("gpu-status", "n1", "ok", "s", data={"gpus": [
         {"index": 0, "name": "H200\x1b]0;x\x07\x1b[2J", "memory_used_mib": "lots",
          "memory_total_mib": 143771, "power_draw_w": "12", "clocks_event_reasons": ["x"]}]})], out)
     assert out.getvalue() == (
@@ -588,7 +589,7 @@ def test_drift_lines_are_one_per_field():
 @pytest.mark.parametrize("n, table", [(64, True), (65, False)])
 def test_the_per_gpu_view_stops_past_its_limit(n, table):
     out = io.StringIO()
-    render.render_gpus([Result("gpu-status", "n1", "ok", "s",
+    gpu_view.render_gpus([Result("gpu-status", "n1", "ok", "s",
                                data={"gpus": [{"index": i, "name": "H200"} for i in range(n)]})], out)
     if table:
         assert out.getvalue().count("\n") == n + 2 and "TARGET" in out.getvalue()
@@ -598,7 +599,7 @@ def test_the_per_gpu_view_stops_past_its_limit(n, table):
 
 def test_gpu_rows_show_each_field_or_a_dash():
     big = 10 ** 400   # an int no float format takes: shown as it came
-    rows = render.gpu_rows([Result("gpu-status", "n", "ok", "s", data={"gpus": [
+    rows = gpu_view.gpu_rows([Result("gpu-status", "n", "ok", "s", data={"gpus": [
         {"index": 0, "utilization_gpu_pct": float("inf"), "temperature_c": big,
          "memory_used_mib": float("inf"), "memory_total_mib": 1024000, "power_draw_w": 300,
          "power_limit_w": 700, "clocks_event_reasons": {"names": "hw_slowdown"}},

@@ -1,11 +1,11 @@
-"""diagnostics.results: the result document as data (DESIGN.md §4), statuses and exit codes.
+"""diagnostics.core.results: the result document as data (DESIGN.md §4), statuses and exit codes.
 
 Written against a mutation run (setup.cfg [mutmut]): every default, every key and every rank
 below is one that a one-token change of results.py would get wrong."""
 import pytest
 
-from diagnostics import errors
-from diagnostics.results import (ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, ErrorInfo, Finding, Result,
+from diagnostics.core import errors
+from diagnostics.core.results import (ACTIONS, ERROR_LAYERS, SCHEMA, STATUSES, ErrorInfo, Finding, Result,
                                  action_rank, exit_code, status_rank, worst_action, worst_status)
 
 

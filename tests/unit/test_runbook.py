@@ -7,10 +7,12 @@ import textwrap
 
 import pytest
 
-from diagnostics import jobs, runbook, runbook_run, topology
-from diagnostics.errors import InputError
-from diagnostics.results import Result
-from diagnostics.topology import Target
+from diagnostics.engine import jobs
+from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import Result
+from diagnostics.inventory.topology import Target
 from tests.programs import mldiag
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -396,7 +398,7 @@ def test_an_interrupted_run_keeps_what_arrived():
 
 
 def test_jobs_are_the_tasks_own():
-    """A runbook step and the task build the same job (one place: diagnostics/jobs.py)."""
+    """A runbook step and the task build the same job (one place: diagnostics/engine/jobs.py)."""
     target = Target(name="t", local=True, gpus=8, models=(("main", "/m/main"), ("draft", "/m/d")))
     job = jobs.job_source("check-attn", {"model": "draft", "model_class": "X"})(target)
     assert (job.diagnostic, job.script_name, list(job.argv)) == \
@@ -478,9 +480,9 @@ def test_a_runbook_on_the_local_target_writes_its_report(tmp_path):
                                            "reason": "parameter log not given (--param log=VALUE)"}]
 
 
-def test_the_readme_example_is_a_valid_runbook(tmp_path):
-    readme = open(os.path.join(REPO, "README.md")).read()
-    example = readme.split("### Writing a runbook", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_example_is_a_valid_runbook(tmp_path):
+    readme = open(os.path.join(REPO, "docs", "runbooks.md")).read()
+    example = readme.split("## Writing a runbook", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     book = runbook.loads(example, str(tmp_path / "triage.yaml"))
     assert [s.id for s in book.steps] == ["gpu-status", "kernel-log", "check-attn"]
     (tmp_path / "team").mkdir()

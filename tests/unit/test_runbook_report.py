@@ -7,9 +7,9 @@ import json
 import textwrap
 from datetime import datetime, timezone
 
-from diagnostics import report, runbook
-from diagnostics.results import ErrorInfo, Finding, Result
-from diagnostics.runbook_run import RunbookRun, Skip, StepRun
+from diagnostics.runbooks import report, model as runbook
+from diagnostics.core.results import ErrorInfo, Finding, Result
+from diagnostics.runbooks.run import RunbookRun, Skip, StepRun
 
 BOOK = runbook.loads(textwrap.dedent("""\
     description: Training is slow on the test targets
@@ -454,7 +454,7 @@ from cmarkgfm.cmark import Options  # noqa: E402
 from hypothesis import example, given, settings, strategies as st  # noqa: E402
 from markdown_it import MarkdownIt  # noqa: E402
 
-from diagnostics import render  # noqa: E402
+from diagnostics.views import render  # noqa: E402
 
 MARKDOWN_IT = MarkdownIt("commonmark", {"linkify": True}).enable(["table", "strikethrough", "linkify"])
 MARKDOWN_IT.linkify.set({"fuzzy_link": False})   # as GFM: scheme://, www. and e-mail, not bare x.com

@@ -2,7 +2,7 @@
 args: [...], put: [...]}}`` or ``code:``. The loader's errors with their file:line:key; the
 script and its put files beside the runbook (a path from a parameter: the user's, from the
 current directory); read, and a missing one refused (exit 4), before anything runs; the job the
-task's own (``cli.script_file_job`` / ``cli.script_code_job``) with every target's references
+task's own (``execute.script_file_job`` / ``execute.script_code_job``) with every target's references
 resolved; its $MLDIAG_RESULT findings deciding the step's status and a later ``when:``; the
 report's title and output for the step. The last tests run the real ``mldiag runbook`` on the
 local target."""
@@ -14,11 +14,12 @@ import textwrap
 
 import pytest
 
-from diagnostics import cli, report, runbook, runbook_run
-from diagnostics.errors import InputError
-from diagnostics.results import Finding, Result
-from diagnostics.runbook_run import RunbookRun, StepRun
-from diagnostics.topology import Target
+from diagnostics.engine import execute
+from diagnostics.runbooks import report, model as runbook, run as runbook_run
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import Finding, Result
+from diagnostics.runbooks.run import RunbookRun, StepRun
+from diagnostics.inventory.topology import Target
 from tests.programs import marking_python, mldiag, space_free_python
 from tests.unit.test_runbook import FakeFleet, cells
 
@@ -207,9 +208,9 @@ def test_the_job_is_the_tasks_own_with_every_targets_references_resolved(tmp_pat
     books = tmp_path / "books"
     for name in ("a", "b"):
         argv = ["--iface", "ib0", f"--host={name}", f"/m/{name}", "8"]
-        assert seen[("link.py", name)] == cli.script_file_job(
+        assert seen[("link.py", name)] == execute.script_file_job(
             str(books / "checks" / "link.py"), argv, [str(books / "data" / "limits.json")])
-        assert seen[("-c", name)] == cli.script_code_job(
+        assert seen[("-c", name)] == execute.script_code_job(
             "-c", b"import sys; print(sys.argv)", [f"/m/{name}"], [])
     assert seen[("link.py", "a")].mode == "script" and seen[("link.py", "a")].extra_files == {
         "limits.json": b"{}"}
@@ -265,7 +266,7 @@ def test_a_missing_script_or_put_file_is_refused_before_anything_runs(tmp_path):
                 - nowhere/data.json
         """, name="nb.yaml", scripts={"limits.json": "{}"})
     save = tmp_path / "out"
-    opts = cli.Options(host=["here"], hosts_file=str(hosts), save=str(save))
+    opts = execute.Options(host=["here"], hosts_file=str(hosts), save=str(save))
 
     def refused():
         with pytest.raises(InputError) as exc:
@@ -310,7 +311,7 @@ def test_a_script_from_a_parameter_is_the_users_path_from_the_current_directory(
         seen.extend(job_for(t) for t in targets)
         return []
     runbook_run.run(runbook.load(str(path)), [T["a"]], {"check": "mine.py"}, run_many=run_many)
-    assert seen == [cli.script_file_job(str(tmp_path / "mine.py"), [], [])]
+    assert seen == [execute.script_file_job(str(tmp_path / "mine.py"), [], [])]
     with pytest.raises(InputError) as exc:
         runbook_run.run(runbook.load(str(path)), [T["a"]], {"check": "books/mine.py"},
                         run_many=run_many)

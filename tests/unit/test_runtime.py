@@ -15,13 +15,14 @@ import time
 
 import pytest
 
-from diagnostics import bundle, runner
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics.core.paths import SCRIPTS_DIR
+from diagnostics.engine import bundle, runner
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.lab.util import pids_with_marker
 from tests.programs import load_script, space_free_python
 
-SCRIPTS = os.path.join(os.path.dirname(bundle.__file__), "scripts")
+SCRIPTS = SCRIPTS_DIR
 PY = sys.executable
 
 

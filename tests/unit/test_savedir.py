@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from diagnostics import termination
-from diagnostics.errors import InputError
-from diagnostics.savedir import SaveDir, result_file_name
+from diagnostics.core import termination
+from diagnostics.core.errors import InputError
+from diagnostics.core.savedir import SaveDir, result_file_name
 from tests.programs import marking_python, mldiag
 
 ROOT = os.geteuid() == 0

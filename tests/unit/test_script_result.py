@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from diagnostics import bundle, runner, wire
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.core import wire
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.programs import load_script, mldiag, space_free_python
 
 NONCE = "0123456789abcdef"

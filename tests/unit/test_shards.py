@@ -1,4 +1,4 @@
-"""A fan-out spread over worker processes (diagnostics/shards.py, issue 14 goal 4) gives what
+"""A fan-out spread over worker processes (diagnostics/engine/shards.py, issue 14 goal 4) gives what
 the same run in one process gives: the table, the --save directory and the exit code; a worker
 that dies costs only its own targets; TERM ends every worker. Local targets here (each its own
 group); tests/integration/test_shards.py runs SSH hosts and containers."""
@@ -12,9 +12,10 @@ from functools import partial
 
 import pytest
 
-from diagnostics import bundle, runner, shards, topology
-from diagnostics.errors import InputError
-from diagnostics.topology import Container, SshHost, Target
+from diagnostics.engine import bundle, runner, shards
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.inventory.topology import Container, SshHost, Target
 from tests.lab.util import pids_with_marker as marked, wait_until
 from tests.programs import mldiag, running_mldiag, signal_and_wait
 

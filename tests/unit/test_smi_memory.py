@@ -1,4 +1,4 @@
-"""What the client remembers of each target's nvidia-smi (diagnostics/smi_memory.py): the
+"""What the client remembers of each target's nvidia-smi (diagnostics/builtin/gpu_status/smi_memory.py): the
 common case of gpu-status is two nvidia-smi calls once a target was seen (issue 14 goal 1).
 End to end on the local target with the fake nvidia-smi (real captures), which logs each call."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import smi_memory
-from diagnostics.results import Result
+from diagnostics.builtin.gpu_status import smi_memory
+from diagnostics.core.results import Result
 from tests import programs
 
 REPO = Path(__file__).resolve().parents[2]

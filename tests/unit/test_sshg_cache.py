@@ -1,4 +1,4 @@
-"""``ssh -G`` answers kept between runs (diagnostics/hops/sshg_cache.py): asked again whenever
+"""``ssh -G`` answers kept between runs (diagnostics/transport/sshg_cache.py): asked again whenever
 anything they depend on changes, never kept for a config that asks a command or the network,
 and kept only in the user's private directory. The ssh here is the real OpenSSH client, behind a
 wrapper on PATH that counts its calls."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.hops import sshconfig, sshg_cache
-from diagnostics.hops.sshg_cache import NotKept, config_closure, state_digest
+from diagnostics.transport import sshconfig, sshg_cache
+from diagnostics.transport.sshg_cache import NotKept, config_closure, state_digest
 
 REAL_SSH = shutil.which("ssh")
 needs_ssh = pytest.mark.skipif(REAL_SSH is None and os.environ.get("CI") != "true",

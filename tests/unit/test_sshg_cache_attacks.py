@@ -1,4 +1,4 @@
-"""Attacks on the kept ``ssh -G`` answers (diagnostics/hops/sshg_cache.py; issue 29 section 4):
+"""Attacks on the kept ``ssh -G`` answers (diagnostics/transport/sshg_cache.py; issue 29 section 4):
 a planted or edited answer is never believed, and a disbelieved one costs one ``ssh -G``, never
 a connection to another host; a config that runs a command is never kept, however its ``Match``
 line is spelled; and the files watched are the ones ssh reads (its home directory is the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.hops import sshconfig, sshg_cache
+from diagnostics.transport import sshconfig, sshg_cache
 from tests.unit.test_sshg_cache import counted_ssh, needs_ssh, new_process, write_config  # noqa: F401
 
 GOOD = "10.1.2.3"

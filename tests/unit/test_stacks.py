@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from diagnostics import stacks_run
-from diagnostics.errors import InputError
-from diagnostics.results import Result
+from diagnostics.builtin.stacks import run as stacks_run
+from diagnostics.core.errors import InputError
+from diagnostics.core.results import Result
 from tests.programs import load_script
 
 stacks = load_script("stacks.py", "mldiag_test_stacks")

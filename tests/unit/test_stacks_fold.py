@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import stacks_fold
-from diagnostics.stacks_fold import RankStack
+from diagnostics.builtin.stacks import fold as stacks_fold
+from diagnostics.builtin.stacks.fold import RankStack
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 

@@ -1,6 +1,6 @@
 """Flight-recorder dumps (issue 13 item 4): scripts/flight_recorder.py reading files a hostile
 user may have planted (links, FIFOs, pickles with globals, truncated, oversize), and
-diagnostics/stacks_fr.py judging what came back. The dumps are a real 4-rank gloo job's
+diagnostics/builtin/stacks/flight_recorder.py judging what came back. The dumps are a real 4-rank gloo job's
 (tests/fixtures/stacks/fr/, see its README); the real job end to end:
 tests/integration/test_stacks_fr.py."""
 
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from diagnostics import stacks_fr
+from diagnostics.builtin.stacks import flight_recorder as stacks_fr
 from tests.programs import SCRIPTS, load_script
 
 fr = load_script("flight_recorder.py", "mldiag_test_flight_recorder")

@@ -1,4 +1,4 @@
-"""stacks ships py-spy only to a target that lacks one (diagnostics/stacks_upload.py), and the
+"""stacks ships py-spy only to a target that lacks one (diagnostics/builtin/stacks/upload.py), and the
 runner's follow-up that carries it: checked on the real py-spy binary of this machine's
 environment and on real local runs (a local target runs the same runtime a remote one does)."""
 
@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from diagnostics import bundle, runner, stacks_upload
-from diagnostics.results import Result
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.builtin.stacks import upload as stacks_upload
+from diagnostics.core.results import Result
+from diagnostics.inventory.topology import Target
 from tests.programs import space_free_python
 
 

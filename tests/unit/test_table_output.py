@@ -315,8 +315,8 @@ def test_a_crashed_diagnostic_shows_its_traceback_once_under_a_row_said_once(tmp
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from diagnostics.render import UNSAFE, render_table  # noqa: E402
-from diagnostics.results import Result  # noqa: E402
+from diagnostics.views.render import UNSAFE, render_table  # noqa: E402
+from diagnostics.core.results import Result  # noqa: E402
 
 ANY = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4),

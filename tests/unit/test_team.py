@@ -1,4 +1,4 @@
-"""A team's own diagnostics (diagnostics/team.py, issue 30 §2): a file's spec read with ast and
+"""A team's own diagnostics (diagnostics/engine/team.py, issue 30 §2): a file's spec read with ast and
 never run on the client; the task it becomes, listed and run through the real `mldiag` on the
 local target; what is refused, by file and line, without costing any other task.
 
@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import jobs, registry, runbook, runbook_run, team, topology, cli
-from diagnostics.errors import InputError
+from diagnostics import builtin
+from diagnostics.engine import jobs, registry, team, execute
+from diagnostics.builtin import BUILTIN
+from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
 from tests.programs import REPO, inv, mldiag
 
 FIXTURE = Path(REPO) / "tests" / "fixtures" / "team"
@@ -130,9 +134,9 @@ def test_discover_reads_the_hosts_files_dirs_then_the_command_lines(tmp_path, ch
     (other / "gpu_status.py").write_text("def run(a):\n    return {}\n")    # a built-in's name
     (other / "probe.py").write_text("def run(a):\n    return {}\n")         # probe's, again
     (other / "solo.py").write_text('"""Alone."""\ndef run(a):\n    return {}\n')
-    found = team.discover(str(hosts), [str(other), str(tmp_path / "nowhere")], entry_points=False)
+    found = team.discover(BUILTIN, str(hosts), [str(other), str(tmp_path / "nowhere")], entry_points=False)
     assert list(found.specs) == registry.names() + ["solo"]     # probe is two files: neither
-    assert found.specs["gpu-status"] is registry.REGISTRY["gpu-status"]
+    assert found.specs["gpu-status"] is builtin.REGISTRY["gpu-status"]
     said = [str(p) for p in found.problems]
     assert said == [
         f"{other / 'gpu_status.py'}: named like mldiag's own task 'gpu-status', which it would "
@@ -146,7 +150,7 @@ def test_discover_reads_the_hosts_files_dirs_then_the_command_lines(tmp_path, ch
 
 def test_a_team_job_ships_the_file_and_its_companions_and_passes_flags_as_argv(checks):
     directory, hosts = checks
-    previous = registry.use(team.discover(str(hosts), entry_points=False))
+    previous = registry.use(team.discover(BUILTIN, str(hosts), entry_points=False))
     try:
         target = topology.load(str(hosts)).targets["here"]
         job = jobs.job_source("probe", {"echo": ["a b", "-x"], "quiet": True, "level": "warn",
@@ -264,7 +268,7 @@ def test_a_runbook_step_takes_the_team_diagnostics_flags(checks, tmp_path):
 
 def test_the_runbook_loader_refuses_a_list_for_a_flag_that_is_not_repeatable(checks):
     _, hosts = checks
-    previous = registry.use(team.discover(str(hosts), entry_points=False))
+    previous = registry.use(team.discover(BUILTIN, str(hosts), entry_points=False))
     try:
         with pytest.raises(InputError, match=r"rb.yaml:4: steps\[0\].args.level: expected a "
                                              r"value, got a list"):
@@ -313,7 +317,7 @@ def test_an_installed_package_of_diagnostics_is_found_through_its_entry_point(tm
     assert installed, list(site.iterdir())
 
     def run(*argv):
-        return subprocess.run([python, "-c", "from diagnostics.entry import main; main()", *argv],
+        return subprocess.run([python, "-c", "from diagnostics.cli.entry import main; main()", *argv],
                               capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     listed = run("--list")
     assert listed.returncode == 0, listed.stderr
@@ -331,5 +335,5 @@ def test_an_installed_package_of_diagnostics_is_found_through_its_entry_point(tm
     (["--search-root=/r", "-e", "ping"], "ping"),
     (["--list"], None), (["--", "ping"], None), ([], None)])
 def test_the_task_word_of_a_command_line_skips_flags_and_their_values(argv, word):
-    from diagnostics import cmdline
+    from diagnostics.cli import cmdline
     assert cmdline.first_word(argv, ["-r", "--search-root"]) == word

@@ -1,4 +1,4 @@
-"""diagnostics/team.py's discovery, in this process (mutmut-registry.cfg): the directories read
+"""diagnostics/engine/team.py's discovery, in this process (mutmut-registry.cfg): the directories read
 once each and in order, what is refused and with which fields, and the packages installed
 under the entry-point group ``mldiag.diagnostics`` (``importlib.metadata.entry_points`` as
 Python 3.9, 3.10 and this Python give it; the packages are found, never imported).
@@ -13,7 +13,9 @@ from importlib import metadata
 
 import pytest
 
-from diagnostics import registry, team
+from diagnostics import builtin
+from diagnostics.engine import registry, team
+from diagnostics.builtin import BUILTIN
 from tests.unit.test_team import FIXTURE
 
 RUNS = "def run(args):\n    return {}\n"
@@ -36,7 +38,7 @@ def no_hosts_file(tmp_path):
 
 
 def team_names(found):
-    return [name for name in found.specs if name not in registry.REGISTRY]
+    return [name for name in found.specs if name not in builtin.REGISTRY]
 
 
 # ---------------------------------------------------------------------------- the directories
@@ -45,7 +47,7 @@ def test_a_directory_named_twice_is_read_once_and_the_ones_after_it_still_are(tm
                                                                             no_hosts_file):
     one = diagnostics_dir(tmp_path / "one", "alpha")
     two = diagnostics_dir(tmp_path / "two", "beta")
-    found = team.discover(no_hosts_file, [str(one), str(tmp_path / "x" / ".." / "one"), str(two)],
+    found = team.discover(BUILTIN, no_hosts_file, [str(one), str(tmp_path / "x" / ".." / "one"), str(two)],
                           entry_points=False)
     assert team_names(found) == ["alpha", "beta"] and found.problems == ()
     assert found.specs["beta"].directory == str(two)
@@ -54,7 +56,7 @@ def test_a_directory_named_twice_is_read_once_and_the_ones_after_it_still_are(tm
 def test_the_same_name_in_three_directories_is_refused_in_the_second_and_the_third(tmp_path,
                                                                                 no_hosts_file):
     dirs = [diagnostics_dir(tmp_path / d, "same", d) for d in ("d1", "d2", "d3")]
-    found = team.discover(no_hosts_file, [str(d) for d in dirs], entry_points=False)
+    found = team.discover(BUILTIN, no_hosts_file, [str(d) for d in dirs], entry_points=False)
     assert team_names(found) == ["d1", "d2", "d3"]
     first = dirs[0] / "same.py"
     assert [(p.task, p.file, p.line, p.message) for p in found.problems] == [
@@ -63,8 +65,8 @@ def test_the_same_name_in_three_directories_is_refused_in_the_second_and_the_thi
 
 def test_a_file_named_like_mldiags_own_task_is_a_problem_of_no_task(tmp_path, no_hosts_file):
     directory = diagnostics_dir(tmp_path / "d", "ping", "runbook", "ok_one")
-    found = team.discover(no_hosts_file, [str(directory)], entry_points=False)
-    assert team_names(found) == ["ok-one"] and found.specs["ping"] is registry.REGISTRY["ping"]
+    found = team.discover(BUILTIN, no_hosts_file, [str(directory)], entry_points=False)
+    assert team_names(found) == ["ok-one"] and found.specs["ping"] is builtin.REGISTRY["ping"]
     assert [(p.task, p.file, p.line) for p in found.problems] == [
         ("", str(directory / "ping.py"), 0), ("", str(directory / "runbook.py"), 0)]
     assert found.problems[1].message == ("named like mldiag's own task 'runbook', which it would "
@@ -165,11 +167,11 @@ def test_an_entry_point_that_names_no_module_is_a_problem_and_the_next_still_cou
 
 def test_discover_reads_the_entry_points_unless_told_not_to(site, python, no_hosts_file):
     python([point("broken", "mldiag_test_ep_nosuch"), point("team", "mldiag_test_ep_package")])
-    found = team.discover(no_hosts_file)
+    found = team.discover(BUILTIN, no_hosts_file)
     assert team_names(found) == ["probe"]
     assert found.specs["probe"].directory == str(site / "mldiag_test_ep_package")
     assert [str(p) for p in found.problems] == [
         f"entry point broken = mldiag_test_ep_nosuch ({GROUP}): mldiag_test_ep_nosuch: no such "
         "module"]
-    assert team.discover(no_hosts_file, entry_points=False) == registry.Registry(
-        registry.REGISTRY, ())
+    assert team.discover(BUILTIN, no_hosts_file, entry_points=False) == registry.Registry(
+        builtin.REGISTRY, ())

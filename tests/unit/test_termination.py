@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from diagnostics import termination
+from diagnostics.core import termination
 
 CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 

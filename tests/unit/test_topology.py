@@ -11,9 +11,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagnostics import topology
-from diagnostics.errors import EXIT_BAD_INPUT, InputError
-from diagnostics.topology import (LOCAL_TARGET, NAME, Container, SshHost, Slurm, Topology,
+from diagnostics.inventory import topology
+from diagnostics.core.errors import EXIT_BAD_INPUT, InputError
+from diagnostics.inventory.topology import (LOCAL_TARGET, NAME, Container, SshHost, Slurm, Topology,
                                   is_safe_token, load, loads)
 
 DATA = Path(__file__).parent / "data"

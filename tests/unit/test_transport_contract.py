@@ -11,14 +11,15 @@ import time
 
 import pytest
 
-from diagnostics import bundle, runner, topology
-from diagnostics.errors import InputError
-from diagnostics.hops import Chain, chain_for, describe_targets, transport_for
-from diagnostics.hops.base import ProcessOutput, Transport, TransportError
-from diagnostics.hops.local import LocalTransport
-from diagnostics.hops.slurm import SrunStep
-from diagnostics.hops.ssh import SshPool, SshTransport
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.inventory import topology
+from diagnostics.core.errors import InputError
+from diagnostics.transport import Chain, chain_for, describe_targets, transport_for
+from diagnostics.transport.base import ProcessOutput, Transport, TransportError
+from diagnostics.transport.local import LocalTransport
+from diagnostics.transport.slurm import SrunStep
+from diagnostics.transport.ssh import SshPool, SshTransport
+from diagnostics.inventory.topology import Target
 from tests.programs import space_free_python
 
 TRANSPORTS = [LocalTransport, SshTransport]

@@ -7,11 +7,11 @@ import datetime
 
 import pytest
 
-from diagnostics import drain, undrain
-from diagnostics.hops.base import ProcessOutput
-from diagnostics.hops.slurm import salloc_argv
-from diagnostics.results import Finding, Result
-from diagnostics.topology import Slurm, SshHost, Target
+from diagnostics.builtin.node_check import drain, undrain
+from diagnostics.transport.base import ProcessOutput
+from diagnostics.transport.slurm import salloc_argv
+from diagnostics.core.results import Finding, Result
+from diagnostics.inventory.topology import Slurm, SshHost, Target
 from tests.unit.test_drain import FakeLogin, show_line
 
 OURS = "mldiag: xid-48 (node-check 2026-12-01T10:00Z)"

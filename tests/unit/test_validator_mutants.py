@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from diagnostics import bundle, wire
+from diagnostics.engine import bundle
+from diagnostics.core import wire
 from tests.unit.test_script_result import NONCE, run_local, script_doc
 
 REPORT = "the script's $MLDIAG_RESULT"

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnostics import bundle, results, runner, wire
-from diagnostics.hops import base, chain_for
-from diagnostics.hops.local import LocalTransport
-from diagnostics.hops.ssh import SshPool
-from diagnostics.topology import Target
+from diagnostics.engine import bundle, runner
+from diagnostics.core import results, wire
+from diagnostics.transport import base, chain_for
+from diagnostics.transport.local import LocalTransport
+from diagnostics.transport.ssh import SshPool
+from diagnostics.inventory.topology import Target
 from tests.programs import load_script, space_free, space_free_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,7 +66,7 @@ def test_what_the_runtime_emits_is_what_the_client_reads(capfd):
 
 
 def test_bundle_and_hops_use_the_wire_constants():
-    from diagnostics.hops import interpreter
+    from diagnostics.transport import interpreter
     assert bundle.BOOT is wire.BOOT and bundle.STAGE_A is wire.STAGE_A
     assert interpreter.Interpreter("python3").argv() == ["python3", "-c", wire.BOOT]
 

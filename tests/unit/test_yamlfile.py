@@ -1,13 +1,13 @@
-"""The line-tracking YAML loader and its value checks (diagnostics/yamlfile.py), directly:
+"""The line-tracking YAML loader and its value checks (diagnostics/inventory/yamlfile.py), directly:
 the edges that hosts.yaml and runbook tests do not reach (found by mutation testing, see
 setup.cfg)."""
 
 import pytest
 import yaml
 
-from diagnostics import yamlfile
-from diagnostics.errors import InputError
-from diagnostics.yamlfile import At
+from diagnostics.inventory import yamlfile
+from diagnostics.core.errors import InputError
+from diagnostics.inventory.yamlfile import At
 
 
 def test_a_yaml_error_without_a_mark_or_message_is_still_a_clear_input_error():

@@ -1,0 +1,228 @@
+"""The built-in diagnostics: one ``DiagnosticSpec`` each (``engine/registry.py`` says what a
+spec is), with the hooks that reach their client sides in this package (gpu-status's view and
+remembered nvidia-smi fields, node-check's run, stacks' fold). ``BUILTIN`` is the registry a
+run starts from; a team's diagnostics are added to it (``engine/team.py``).
+"""
+
+import functools
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..core.paths import SCRIPTS_DIR
+from ..engine.registry import Arg, DiagnosticSpec, Registry, Values
+
+# ------------------------------------------------------------------------------- their hooks
+# Each imports its module when called: the registry is read at every start.
+
+MODEL = Arg("model", "model directory on the target, or a name from the target's models: "
+                     "(default: its first)", kind="model")
+
+
+def _gpu_status_argv(target: Any) -> List[str]:
+    """hosts.yaml's ``gpus:``, and what the client remembers of the target's nvidia-smi."""
+    from .gpu_status import smi_memory
+    gpus = target.expect_dict.get("gpus")
+    return ([f"--expect-gpus={gpus}"] if gpus is not None else []) + smi_memory.known_argv(target.name)
+
+
+def _remember_smi(values: Values) -> Callable[[List[Any]], None]:
+    from .gpu_status import smi_memory
+    return smi_memory.remember
+
+
+def _gpu_view(results, stream, *, color=False) -> None:
+    from .gpu_status import view
+    view.render_gpus(results, stream, color=color)
+
+
+def _env_view(results, stream, *, color=False) -> None:
+    from ..views import render
+    render.render_full(results, stream, color=color)
+
+
+def _env_options(opts: Any, values: Values) -> Any:
+    """Several targets' env reports: only what differs, unless --full."""
+    from dataclasses import replace
+    return replace(opts, diff=opts.diff or not values.get("full"))
+
+
+@functools.lru_cache(maxsize=None)
+def dcgm_level_timeouts() -> Dict[int, float]:
+    """dcgmi diag's timeout per run level: scripts/dcgm.py's TIMEOUTS (its docstring gives
+    NVIDIA's documented run times: r1 seconds, r2 about 2 min, r3 about 15 min, 30 in older
+    guides), read from the script, where it is written once (it stands alone on the target)."""
+    from ..core import literals
+    return literals.read_constants(os.path.join(SCRIPTS_DIR, "dcgm.py"))["TIMEOUTS"]
+
+
+def _node_check_timeout(values: Values) -> Optional[float]:
+    """The job gets a minute more than dcgmi diag's level needs, for the rest of node-check."""
+    level = values.get("dcgm-level")
+    if not level or values.get("no-dcgm"):
+        return None
+    return dcgm_level_timeouts()[int(level)] + 60.0
+
+
+def _expect_block(target: Any) -> List[str]:
+    """node-check: the target's ``expect:`` block, one JSON token (keys and integers only)."""
+    expect = target.expect_dict
+    return [f"--expect={json.dumps(expect, sort_keys=True)}"] if expect else []
+
+
+def _node_check_check(values: Values) -> None:
+    from .node_check import run as node_check_run
+    node_check_run.check(values)
+
+
+def _node_check_judge(values: Values) -> Callable[[List[Any]], None]:
+    from .node_check import run as node_check_run
+    return node_check_run.judge(values)
+
+
+def _node_check_view(results, stream, *, color=False) -> None:
+    from .node_check import view as node_view
+    node_view.render_actions(results, stream, color=color)
+
+
+def _node_check_run(opts: Any, values: Values, *, out=None) -> Any:
+    from .node_check import run as node_check_run
+    return node_check_run.run(opts, values, out=out)
+
+
+def _offer_py_spy(job: Any, values: Values) -> Any:
+    from .stacks import upload as stacks_upload
+    return stacks_upload.offer(job, values)
+
+
+def _stacks_check(values: Values) -> None:
+    from .stacks import run as stacks_run
+    stacks_run.check_values(values)
+
+
+def _stacks_judge(values: Values) -> Callable[[List[Any]], None]:
+    from .stacks import run as stacks_run
+    return stacks_run.amend
+
+
+def _stacks_view(results, stream, *, color=False) -> None:
+    from .stacks import run as stacks_run
+    stacks_run.render_view(results, stream, color=color)
+
+
+_NOT_A_RUNBOOK_OUTPUT = ("a runbook writes its report (and with --save each step's results); "
+                         "run `mldiag node-check --{flag}` for this")
+
+BUILTINS: Tuple[DiagnosticSpec, ...] = (
+    DiagnosticSpec("ping", "Check every layer: ssh, jump, sudo, container, interpreter, private "
+                           "temp dir."),
+    DiagnosticSpec(
+        "gpu-status", "Per GPU: model, memory, utilisation, temperature, power, ECC/remap health, "
+                      "throttling.",
+        (Arg("kernel-log-file", "scan this file on the target (a saved dmesg) for Xid lines "
+                                "instead of the live kernel log", metavar="FILE"),
+         Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
+                            "free)", kind="bool")),
+        companions=("xid.py", "xid_catalog.json"),
+        target_argv=_gpu_status_argv, judge=_remember_smi, view=_gpu_view),
+    DiagnosticSpec(
+        "check-attn", "Requested vs resolved attention per module (meta-device build), layer "
+                      "types, fast kernels.",
+        (MODEL,
+         Arg("attn-implementation", "request this implementation (eager, sdpa, "
+                                    "flash_attention_2, ...)", metavar="NAME"),
+         Arg("model-class", "build this transformers class instead of the checkpoint's "
+                            "architectures", metavar="CLASS"))),
+    DiagnosticSpec(
+        "env-report", "python, torch (+CUDA, cuDNN, NCCL), driver, ML package versions, env vars; "
+                      "drift across targets.",
+        (Arg("full", "show every field on every target (default with several targets: only what "
+                     "differs)", kind="bool", client=True,
+             not_in_runbook="a runbook's report shows every field of every target"),
+         Arg("imports", "packages to import as well: comma list, 'all' or 'none'",
+             metavar="LIST"),
+         Arg("packages", "extra distribution names to report, comma separated",
+             metavar="LIST")),
+        view=_env_view, options=_env_options),
+    DiagnosticSpec(
+        "extract-smoke", "Hidden-state extraction smoke test: capture layers, check shapes, dtype, "
+                         "finiteness, stats.",
+        (MODEL,
+         Arg("layers", "hidden_states ids to capture, e.g. 2,16,29 (default: 2, N//2, N-3 "
+                       "and N)", metavar="IDS"),
+         Arg("samples", "number of built-in prompts (or lines of --data) to prefill "
+                        "(default 3)", kind="int"),
+         Arg("data", "JSONL file on the target with a 'text' or 'prompt' field per line",
+             metavar="FILE"),
+         Arg("backend", "auto | transformers | vllm (vllm: untested on a real GPU so far)",
+             choices=("auto", "transformers", "vllm"), metavar="BACKEND"),
+         Arg("max-tokens", "truncate each sample to at most N tokens (default 64)",
+             kind="int"),
+         Arg("device", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"),
+             metavar="DEVICE"),
+         Arg("dtype", "auto | float32 | bfloat16 | float16",
+             choices=("auto", "float32", "bfloat16", "float16"), metavar="DTYPE"))),
+    DiagnosticSpec(
+        "scan-log", "Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, "
+                    "Xid, kills.",
+        (Arg("path", "log file on the target", required=True, metavar="PATH", positional=True,
+             task_help="log file on the target (or give it as the first argument: scan-log PATH)",
+             what="log path"),
+         Arg("lines", "scan the last N lines (default 2000)", kind="int")),
+        companions=("xid.py", "xid_catalog.json")),
+    DiagnosticSpec(
+        "node-check", "A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, "
+                      "DCGM.",
+        (Arg("kernel-log-file", "read this file on the target (a saved kernel log) instead of "
+                                "journalctl -k / dmesg", metavar="FILE"),
+         Arg("since", "how far back the live kernel log is read (default 24h; e.g. 2h, 7d)",
+             metavar="AGE"),
+         Arg("dcgm-level", "run dcgmi diag at this level (1 default when dcgmi is there; 2 "
+                           "takes minutes, 3 about 15: the timeout rises to match, to 1 h)",
+             choices=("1", "2", "3"), metavar="LEVEL"),
+         Arg("no-dcgm", "do not run dcgmi diag even where it is installed", kind="bool"),
+         Arg("save-baseline", "save each node's facts (driver, CUDA, VBIOS, GPUs, NVLinks, PCIe, "
+                              "IB ports, firmware) to FILE, for a later --baseline",
+             kind="file", client=True,
+             not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="save-baseline FILE")),
+         Arg("baseline", "report every fact that differs from the baseline in FILE (default: "
+                         "from the majority of the selected nodes)", kind="file", client=True),
+         Arg("drain", "Slurm: drain the nodes whose worst action is drain or worse (reason "
+                      "'mldiag: CODE …'); without it the commands are only printed", kind="bool",
+             client=True, not_in_runbook="a runbook reports and changes no node: run "
+                                         "`mldiag node-check --drain` on what it found"),
+         Arg("undrain", "Slurm: check the nodes mldiag drained inside a maintenance reservation "
+                        "and keep resumed those that pass", kind="bool", client=True,
+             not_in_runbook="a runbook reports and changes no node: run "
+                            "`mldiag node-check --undrain`"),
+         Arg("prom", "write a Prometheus textfile-collector file (node-exporter) to FILE",
+             kind="file", client=True,
+             not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="prom FILE"))),
+        companions=("xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py", "ib.py",
+                    "dcgm.py"),
+        target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
+        judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
+    DiagnosticSpec(
+        "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
+                  "one named.",
+        (Arg("pid", "comma list of pids to dump as well as the job's ranks", metavar="PIDS"),
+         Arg("match", "also dump Python processes whose command line matches this regular "
+                      "expression", metavar="REGEX"),
+         Arg("py-spy", "the py-spy binary on the target (default: py-spy on its PATH; "
+                       "none there: this machine's is shipped)", metavar="PATH"),
+         Arg("native", "py-spy --native: C/C++ frames too (about 1 s and 330 MB per torch "
+                       "process)", kind="bool"),
+         Arg("no-upload", "ship nothing: without py-spy on the target, read the stacks "
+                          "with the standard-library reader (CPython 3.11-3.13)", kind="bool"),
+         Arg("all-namespaces", "on a host, also the job's processes inside its containers "
+                               "(default: left out, the containers are targets of their "
+                               "own)", kind="bool")),
+        companions=("pyframes.py", "flight_recorder.py"),
+        finish=_offer_py_spy, check=_stacks_check, judge=_stacks_judge, view=_stacks_view),
+)
+
+REGISTRY: Dict[str, DiagnosticSpec] = {spec.name: spec for spec in BUILTINS}
+BUILTIN = Registry(REGISTRY)
+# The tasks whose run never needs a team's diagnostics: a command line naming one of them (the
+# hot path) reads no hosts file and no team directory before the task itself does.
+NO_TEAM_NEEDED = frozenset(REGISTRY) | {"hosts", "run-script"}

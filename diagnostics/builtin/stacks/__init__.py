@@ -1,0 +1,1 @@
+"""stacks on the client: the run, the fold across ranks, flight-recorder dumps, py-spy upload."""
