@@ -1,4 +1,5 @@
-"""hosts.yaml → frozen dataclasses (docs/hosts-file.md).
+"""The hosts file: found, read and checked into a ``Topology`` (docs/hosts-file.md). The
+targets it holds, and the selection of targets by -H/-g, are ``targets.py``'s.
 
 CONTRACT (other modules rely on these types):
 
@@ -9,9 +10,9 @@ CONTRACT (other modules rely on these types):
                      (``find_hosts_file`` says where it looked; ``Topology.origin`` keeps it).
         explicit path that does not exist / is a directory → InputError (exit 4).
     loads(text: str, path: str = "hosts.yaml") -> Topology     (same, from a string)
-    Topology.select(hosts: Sequence[str], groups: Sequence[str]) -> List[Target]
-    expand_selector("gpu[01-04],b200") -> names;  expand_nodeset(text) -> names;
-    fold_names(names) -> "b200,gpu[01-04]"    (``nodeset``'s, bounded; ValueError when malformed)
+    Topology.select(hosts: Sequence[str], groups: Sequence[str]) -> List[Target]   (targets.select)
+    expand_nodeset(text) -> names    (``nodeset``'s, bounded by the file's budget; ValueError
+                                     when malformed); targets.py: expand_selector, fold_names
 
 The file is read by ``yamlfile`` (lines kept, duplicate keys refused, generic value checks);
 this module is the hosts schema on top of it. Every validation error is an ``errors.InputError`` whose message reads
@@ -30,7 +31,6 @@ Choices the hosts file's contract leaves open:
 """
 
 import contextvars
-import difflib
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -38,6 +38,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core import nodeset
 from ..core.errors import InputError
+# the targets a file is read into, and their selection (targets.py), also named here for the
+# callers that read a file and select from it
+from .targets import (LOCAL_TARGET, MAX_NODES, Container, Slurm, SshHost, Target,  # noqa: F401
+                      did_you_mean, expand_selector, unique_in_order, fold_names, select)
 from .yamlfile import SAFE_TOKEN  # noqa: F401 (the alphabet, re-exported with NAME, is_safe_token)
 from .yamlfile import (NAME, At, LineMapping, LineSequence, expect_argument, expect_boolean,
                        expect_choice, expect_count, expect_integer, expect_mapping, expect_name, expect_port,
@@ -55,86 +59,10 @@ SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}|UNLIMITED|INFINITE|unlimited
 DEFAULT_HOSTS_FILE = "hosts.yaml"
 HOSTS_FILE_ENV = "MLDIAG_HOSTS_FILE"
 XDG_CONFIG_ENV = "XDG_CONFIG_HOME"
-# Node-set bounds (see nodeset.py): names per node set / selection / group / file's targets.
-MAX_NODES = nodeset.MAX_NODES
 # 1 MiB holds ~25,000 one-line hosts and parses in ~4 s; a larger file is a mistake
 # (a log or a dump named by accident), refused before it is parsed.
 MAX_FILE_BYTES = 2**20
 
-
-@dataclass(frozen=True)
-class SshHost:
-    """A machine reached over SSH. ``address`` None means: an ssh_config alias named ``name``."""
-    name: str
-    address: Optional[str] = None
-    port: Optional[int] = None
-    user: Optional[str] = None
-    identity_file: Optional[str] = None
-    connect_timeout: float = 10.0
-    host_key_policy: Optional[str] = None   # None: as ssh_config's StrictHostKeyChecking says
-    jump: Optional["SshHost"] = None        # ProxyJump through this host (itself maybe jumped)
-    persist: Optional[float] = None         # seconds held between calls; None: as ssh_config says
-
-
-@dataclass(frozen=True)
-class Container:
-    runtime: str                  # one of RUNTIMES
-    id: str                       # VMID, container name/id, or pod name
-    namespace: Optional[str] = None   # kubectl only
-    container: Optional[str] = None   # kubectl only (-c)
-    exec_user: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Slurm:
-    partition: Optional[str] = None
-    nodes: int = 1
-    gpus_per_node: Optional[int] = None
-    time: Optional[str] = None
-    account: Optional[str] = None
-    nodelist: Optional[str] = None
-    reservation: Optional[str] = None      # salloc --reservation (a maintenance window)
-
-
-@dataclass(frozen=True)
-class Target:
-    """One thing a diagnostic runs on: a host, or a container on a host."""
-    name: str
-    local: bool = False
-    host: Optional[SshHost] = None          # None when local
-    become: Optional[str] = None            # "sudo" or None
-    container: Optional[Container] = None
-    python: str = "python3"
-    activate: Tuple[str, ...] = ()          # e.g. ("/opt/conda/etc/profile.d/conda.sh", "conda", "activate", "train")
-    env: Tuple[Tuple[str, str], ...] = ()   # merged defaults → host → container
-    timeout: float = 300.0
-    models: Tuple[Tuple[str, str], ...] = ()  # (name, path); the first is the default
-    gpus: Optional[int] = None
-    # node-check's expectations (EXPECT_KEYS), merged defaults → host → container; ``gpus:``
-    # is the shorthand of ``expect: {gpus: N}``
-    expect: Tuple[Tuple[str, int], ...] = ()
-    slurm: Optional[Slurm] = None
-    tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
-    code_cache: bool = True                 # the target may keep mldiag's own code compiled (scripts/_stage_a.py)
-    source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
-
-    @property
-    def env_dict(self) -> Dict[str, str]:
-        return dict(self.env)
-
-    @property
-    def expect_dict(self) -> Dict[str, int]:
-        merged = dict(self.expect)
-        if self.gpus is not None:           # ``gpus:`` is the shorthand of expect: {gpus: N}
-            merged.setdefault("gpus", self.gpus)
-        return merged
-
-    @property
-    def default_model(self) -> Optional[str]:
-        return self.models[0][1] if self.models else None
-
-
-LOCAL_TARGET = Target(name="local", local=True)
 
 
 @dataclass(frozen=True)
@@ -199,50 +127,9 @@ class Topology:
     default_targets_given: bool = field(default=False, compare=False)
 
     def select(self, hosts: Sequence[str] = (), groups: Sequence[str] = ()) -> List[Target]:
-        """Targets named by --host values (names, comma lists, node sets) then --group names,
-        de-duplicated in order; neither given → ``default_targets``."""
-        if not hosts and not groups:
-            names = list(self.default_targets)
-        else:
-            budget = nodeset.Budget(MAX_NODES, "the --host values")
-            names = [n for value in hosts for n in self._named_targets(value, budget)]
-            names += [n for group in groups for n in self._group_members(group)]
-        return [self.targets.get(name) or self._slurm_row(name) for name in _unique(names)]
-
-    def _named_targets(self, value: str, budget: nodeset.Budget) -> List[str]:
-        try:
-            names = expand_selector(value, budget)
-        except ValueError as exc:
-            raise InputError(str(exc), key="--host") from None
-        for name in names:
-            if name not in self.targets and not self._slurm_row(name):
-                raise InputError(f"unknown target {name!r}{_hint(name, self.targets)}")
-        return names
-
-    def _slurm_row(self, name: str) -> Optional[Target]:
-        """``cluster-a:n3`` (or ``cluster-a:n[1-2]``): the Slurm login target restricted to
-        those nodes; None when ``name`` is not of that form."""
-        base, sep, nodes = name.partition(":")
-        target = self.targets.get(base)
-        if not sep or target is None or target.slurm is None or not nodes:
-            return None
-        try:
-            expanded = nodeset.expand(nodes)
-        except ValueError as exc:
-            raise InputError(f"{name}: {exc}", key="--host") from None
-        for node in expanded:
-            if not NAME.fullmatch(node):
-                raise InputError(f"{name}: node name {node!r} is not a plain name", key="--host")
-        slurm = replace(target.slurm, nodes=len(expanded), nodelist=",".join(expanded))
-        return replace(target, name=name, slurm=slurm)
-
-    def _group_members(self, group: str) -> Tuple[str, ...]:
-        if group not in self.groups:
-            if not self.groups:
-                raise InputError(f"unknown group {group!r} (no groups are defined"
-                                 f"{' in ' + self.path if self.path else ''})")
-            raise InputError(f"unknown group {group!r}{_hint(group, self.groups)}")
-        return self.groups[group]
+        """Targets named by --host values (names, comma lists, node sets) then --group names
+        (``targets.select``)."""
+        return select(self, hosts, groups)
 
 
 def load(path: Optional[str] = None) -> Topology:
@@ -268,59 +155,13 @@ _file_budget: "contextvars.ContextVar[Optional[nodeset.Budget]]" = contextvars.C
     "mldiag_hosts_file_budget", default=None)
 
 
-# ---------------------------------------------------------------------------- names and node sets
-
-def expand_selector(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
-    """``"gpu[01-04],b200"`` → names in the order written (each node set in ClusterShell's
-    order). Names with ':' (Slurm node rows) are kept as they are. ValueError when malformed,
-    when the whole selection could name more than ``MAX_NODES`` (counted before anything is
-    expanded), or past ``budget`` (the names still allowed to the input being read)."""
-    parts = [part.strip() for part in nodeset.split_top_level(text, ",")]
-    if not all(parts):
-        raise ValueError(f"empty name in {_excerpt(text)}")
-    plain = [":" in part or bool(NAME.fullmatch(part)) for part in parts]
-    # a Slurm row `cluster-a:n[1-4]` stands for its nodes: counted as them
-    bound = sum(nodeset.size_bound(part.partition(":")[2]) if ":" in part
-                else 1 if is_plain else nodeset.size_bound(part) for part, is_plain in zip(parts, plain))
-    if bound > MAX_NODES:
-        raise nodeset.TooManyNodes(f"{_excerpt(text)} names up to {bound} targets "
-                                   f"(at most {MAX_NODES})")
-    if budget is not None:
-        budget.spend(bound)
-    names = []
-    for part, is_plain in zip(parts, plain):
-        names.extend([part] if is_plain else nodeset.expand(part))
-    return names
-
+# ---------------------------------------------------------------------------- node sets
 
 def expand_nodeset(text: str, budget: Optional[nodeset.Budget] = None) -> List[str]:
     """ClusterShell's expansion of ``text`` (no @group lookups), bounded (``nodeset``), counted
     against ``budget`` or, while a hosts.yaml is read, that file's; ValueError when malformed."""
     budget = budget or _file_budget.get()
     return budget.expand(text) if budget is not None else nodeset.expand(text)
-
-
-def fold_names(names: Sequence[str]) -> str:
-    """``gpu01, gpu02, b200`` → ``b200,gpu[01-02]`` (ClusterShell folding)."""
-    return nodeset.fold(names)
-
-
-def _excerpt(text: str, width: int = 80) -> str:
-    return repr(text if len(text) <= width else text[:width] + "...")
-
-
-def _unique(names: Sequence[str]) -> List[str]:
-    return list(dict.fromkeys(names))
-
-
-def _hint(name: str, known: Sequence[str]) -> str:
-    """`` (did you mean 'trainbox'? known: b200,gpu[01-16],local)``, the list folded and cut."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    folded = fold_names(list(known))
-    if len(folded) > 200:
-        folded = folded[:200].rsplit(",", 1)[0] + ",..."
-    guess = f"did you mean {close[0]!r}? " if close else ""
-    return f" ({guess}known: {folded})"
 
 
 # ---------------------------------------------------------------------------- reading YAML
@@ -684,7 +525,7 @@ def _check_jump(jump: str, entry: _HostEntry, by_name: Dict[str, _HostEntry]) ->
     if jump not in by_name:
         raise where.error(f"unknown host {jump!r}: a jump names an entry of hosts: (an empty "
                           f"entry such as `{jump}: {{}}` is an ssh_config alias)"
-                          f"{_hint(jump, list(by_name))}")
+                          f"{did_you_mean(jump, list(by_name))}")
     if by_name[jump].local:
         raise where.error(f"{jump!r} is a local host (local: true); a jump must be an SSH host")
 
@@ -761,7 +602,7 @@ def _resolve_groups(value: Any, at: At, targets: Dict[str, Target]) -> Dict[str,
             for member, where in members_of[group]:
                 names += _expand_member(member, where, targets, members_of,
                                         lambda inner: expand_group(inner, inside), inside)
-            resolved[group] = tuple(_unique(names))
+            resolved[group] = tuple(unique_in_order(names))
         return resolved[group]
 
     for group in members_of:
@@ -809,7 +650,7 @@ def _expand_member(member: Any, at: At, targets: Dict[str, Target], groups: Dict
         else:
             inside = f" (from {text!r})" if name != text else ""
             raise at.error(f"unknown target or group {name!r}{inside}"
-                           f"{_hint(name, list(targets) + list(groups))}")
+                           f"{did_you_mean(name, list(targets) + list(groups))}")
     return expanded
 
 
@@ -824,7 +665,7 @@ def _default_targets(defaults: _Fields, targets: Dict[str, Target],
                                 lambda group: groups[group], ())
     if not names:
         raise where.error("expected at least one target (leave targets: out for [local])")
-    return tuple(_unique(names))
+    return tuple(unique_in_order(names))
 
 
 def _dirs(top: _Fields, path: str, key: str) -> Tuple[Tuple[str, str, int], ...]:
