@@ -174,7 +174,11 @@ def findings_by_code(doc) -> dict:
 def load_module(path, name: str):
     """The Python file at ``path`` as a fresh module called ``name``, imported alone: a remote
     script is a single file (importing it only defines things), so it is tested without the
-    package around it; tests/ml/mlenv.py is loaded so too."""
+    package around it; tests/ml/mlenv.py is loaded so too. Its directory is put first on
+    sys.path, as the runtime puts the run's (where scripts/_remote.py lies beside it)."""
+    directory = os.path.dirname(os.path.abspath(str(path)))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     spec = importlib.util.spec_from_file_location(name, str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

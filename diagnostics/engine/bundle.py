@@ -60,6 +60,9 @@ class Job:
     team: bool = False
 
 
+REMOTE_HELPER = "_remote.py"
+
+
 def _read_script_file(name: str, directory: str = SCRIPTS_DIR) -> bytes:
     with open(os.path.join(directory, name), "rb") as f:
         return f.read()
@@ -72,6 +75,8 @@ def script_job(diagnostic: str, argv: Sequence[str] = (), **kw) -> Job:
     spec = registry.get(diagnostic)
     extra = {companion: _read_script_file(companion, spec.directory)
              for companion in spec.companions}
+    # the scripts' shared helpers (scripts/_remote.py), beside every diagnostic, a team's too
+    extra.setdefault(REMOTE_HELPER, _read_script_file(REMOTE_HELPER))
     extra.update(kw.pop("extra_files", {}))
     kw.setdefault("own_code", spec.builtin)
     kw.setdefault("team", not spec.builtin)

@@ -27,9 +27,9 @@ import sys
 import traceback
 import warnings
 
+import _remote
+
 DIAGNOSTIC = "check-attn"
-_LEVEL_RANK = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
-_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 # (report name, distributions to look up, import name, transformers availability helper)
 KERNELS = (
@@ -424,11 +424,7 @@ def _count(items, key):
 
 
 def _worst(findings):
-    worst = "ok"
-    for f in findings:
-        if _LEVEL_RANK.get(f["level"], 3) > _LEVEL_RANK[worst]:
-            worst = f["level"] if f["level"] in _LEVEL_RANK else "error"
-    return worst
+    return _remote.worst_status(findings)
 
 
 # --------------------------------------------------------------------------- run
@@ -735,7 +731,7 @@ def _summary(data, by_impl, n_linear, n_layers, findings):
 def main(argv=None):
     result = run(build_parser().parse_args(argv))
     print(json.dumps(result, indent=2, default=str))
-    return _EXIT.get(result.get("status", "error"), 3)
+    return _remote.exit_code(result)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ the host engine).
 import json
 import re
 
+from _remote import ACTION_RANK, ACTIONS  # noqa: F401 (ACTIONS: dcgm.ACTIONS, what its table maps to)
+
 CHECK = "dcgm"
 TIMEOUTS = {1: 120.0, 2: 600.0, 3: 3600.0, 4: 14400.0}
 DEFAULT_LEVEL = 1
@@ -98,8 +100,6 @@ HOSTENGINE_HINT = ("start DCGM's host engine (systemctl start nvidia-dcgm, or nv
 HUNG_HINT = ("dcgmi or nv-hostengine is stuck, often on a GPU in a bad state: check "
              "`systemctl status nvidia-dcgm` and the kernel log for Xid errors")
 
-ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
-_ACTION_RANK = {a: i for i, a in enumerate(ACTIONS)}
 
 # dcgmError_t, index = error_id. 0-111: NVIDIA/DCGM dcgmlib/dcgm_errors.h (commit 18b87c71);
 # 112-116: NVIDIA/go-dcgm's HealthCheckErrorCode constants (the same enum, later entries).
@@ -262,8 +262,8 @@ def timeout_for(level) -> float:
 def worst_action(actions) -> str:
     worst = "none"
     for a in actions:
-        if _ACTION_RANK.get(a, _ACTION_RANK[FALLBACK_ACTION]) > _ACTION_RANK[worst]:
-            worst = a if a in _ACTION_RANK else FALLBACK_ACTION
+        if ACTION_RANK.get(a, ACTION_RANK[FALLBACK_ACTION]) > ACTION_RANK[worst]:
+            worst = a if a in ACTION_RANK else FALLBACK_ACTION
     return worst
 
 

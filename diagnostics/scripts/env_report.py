@@ -51,6 +51,8 @@ import subprocess
 import sys
 import warnings
 
+import _remote
+
 try:
     import importlib.metadata as importlib_metadata
 except ImportError:  # pragma: no cover - Python < 3.8 is not supported by the runtime
@@ -833,9 +835,8 @@ def _summary(data: dict) -> str:
     return " \u00b7 ".join(parts)
 
 
-_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 if __name__ == "__main__":
     _result = run(build_parser().parse_args())
     print(json.dumps(_result, indent=2))
-    sys.exit(_EXIT.get(_result.get("status"), 3))
+    sys.exit(_remote.exit_code(_result))

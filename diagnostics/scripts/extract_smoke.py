@@ -30,9 +30,9 @@ import time
 import traceback
 import warnings
 
+import _remote
+
 DIAGNOSTIC = "extract-smoke"
-_LEVEL_RANK = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
-_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 PROMPTS = (
     "The capital of France is",
@@ -218,11 +218,7 @@ def _has_tokenizer(path):
 
 
 def _worst(findings):
-    worst = "ok"
-    for f in findings:
-        if _LEVEL_RANK.get(f["level"], 3) > _LEVEL_RANK[worst]:
-            worst = f["level"] if f["level"] in _LEVEL_RANK else "error"
-    return worst
+    return _remote.worst_status(findings)
 
 
 class _Stats(object):
@@ -732,7 +728,7 @@ def _summary(data, findings):
 def main(argv=None):
     result = run(build_parser().parse_args(argv))
     print(json.dumps(result, indent=2, default=str))
-    return _EXIT.get(result.get("status", "error"), 3)
+    return _remote.exit_code(result)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,9 @@ import signal
 import sys
 import time
 
+import _remote
+from _remote import fmt_indices, which
+
 DIAGNOSTIC = "gpu-status"
 DEFAULT_TIMEOUT = 20.0
 KERNEL_LOG_BUDGET_S = 5.0
@@ -105,8 +108,6 @@ EXTRA_TOOL_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/
                    "/opt/rocm/bin", "/opt/habanalabs/bin"]
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
-LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2, "error": 3}
-STATUS_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 # nvidia-smi(1), RETURN VALUE.
 NVIDIA_SMI_EXIT = {
@@ -425,26 +426,6 @@ def count_gpus(n):
     return "%d GPU%s" % (n, "" if n == 1 else "s")
 
 
-def fmt_indices(indices):
-    """[0, 1, 2, 5] -> "GPUs 0-2,5"; [3] -> "GPU 3"."""
-    idx = sorted(set(i for i in indices if i is not None))
-    if len(idx) == 1:
-        return "GPU %d" % idx[0]
-    parts = []
-    start = prev = None
-    for i in idx:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
-        else:
-            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
-            start = prev = i
-    if start is not None:
-        parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
-    return "GPUs " + ",".join(parts)
-
-
 def gpu_label(g):
     return "GPU %s" % (g.get("index") if g.get("index") is not None else "?")
 
@@ -639,34 +620,8 @@ def run_tools(argvs, timeout):
     return [finish_tool(r, deadline) for r in runs]
 
 
-def which(name, path=None):
-    """shutil.which for an executable file (without importing shutil: bz2, lzma and more)."""
-    if os.sep in name:
-        return name if _executable(name) else None
-    if path is None:
-        path = os.environ.get("PATH", None)
-        if path is None:
-            path = os.defpath
-    for d in path.split(os.pathsep):
-        candidate = os.path.join(d, name)
-        if _executable(candidate):
-            return candidate
-    return None
-
-
-def _executable(path):
-    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
-
-
 def find_tool(name, path=None):
-    found = which(name, path=path)
-    if found:
-        return found
-    for d in EXTRA_TOOL_DIRS:
-        candidate = os.path.join(d, name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return _remote.find_tool(name, EXTRA_TOOL_DIRS, path)
 
 
 # --------------------------------------------------------------------------- nvidia-smi
@@ -1579,13 +1534,8 @@ def load_xid():
     if not _XID_MODULE:
         mod = None
         try:
-            here = os.path.dirname(os.path.abspath(__file__))
-            path = os.path.join(here, "xid.py")
-            if os.path.isfile(path):
-                import importlib.util
-                spec = importlib.util.spec_from_file_location("mldiag_xid", path)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
+            mod = _remote.load_companion(os.path.dirname(os.path.abspath(__file__)), "xid.py", "mldiag_xid")
+            if mod is not None:
                 mod.load_catalog()
         except (ImportError, OSError, ValueError, SyntaxError, KeyError):
             mod = None
@@ -1858,8 +1808,8 @@ def no_tools_findings(path, expect_gpus=None):
 
 def summarise(data, findings):
     gpus = [g for g in data.get("gpus") or [] if not g.get("error")]
-    problems = [f for f in findings if LEVEL_RANK.get(f["level"], 3) >= 1]
-    problems.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))
+    problems = [f for f in findings if _remote.level_rank(f["level"]) >= 1]
+    problems.sort(key=lambda f: -_remote.level_rank(f["level"]))
     notes = [f for f in findings if f["level"] == "info" and f.get("_short")]
     parts = []
     grouped = {}
@@ -1963,8 +1913,8 @@ def run(args) -> dict:
             f["action"] = "drain" if f["code"] == "no-nvidia-tools" and f["level"] == "fail" else \
                 CODE_ACTION.get(f["code"], "monitor")
     findings = fold_gpu_findings(findings)
-    findings.sort(key=lambda f: -LEVEL_RANK.get(f["level"], 3))  # worst first, stable within a level
-    worst = max([LEVEL_RANK.get(f["level"], 3) for f in findings] + [0])
+    findings.sort(key=lambda f: -_remote.level_rank(f["level"]))  # worst first, stable within a level
+    worst = max([_remote.level_rank(f["level"]) for f in findings] + [0])
     status = {0: "ok", 1: "warn", 2: "fail", 3: "error"}[worst]
     summary = summarise(data, findings)
     for f in findings:
@@ -1975,4 +1925,4 @@ def run(args) -> dict:
 if __name__ == "__main__":
     result = run(build_parser().parse_args())
     print(json.dumps(result, indent=2))
-    sys.exit(STATUS_EXIT.get(result.get("status"), 3))
+    sys.exit(_remote.exit_code(result))

@@ -67,6 +67,8 @@ from ``ofed_version()``.
 import os
 import re
 
+from _remote import read_text
+
 CHECK = "ib"
 
 # counter file -> (threshold, what it means). At or above the threshold: warn, monitor.
@@ -138,15 +140,6 @@ def fold_ports(findings):
 
 
 # --------------------------------------------------------------------------- parsers
-
-
-def read_text(path):
-    """A sysfs file's text, stripped; None if it cannot be read."""
-    try:
-        with open(path, "r") as fh:
-            return fh.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def parse_state(text):

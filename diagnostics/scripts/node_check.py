@@ -31,12 +31,10 @@ Run by hand: python3 node_check.py [--expect '{"gpus": 8, "ib_rate": 400}'] [--n
 """
 
 import collections
-import importlib.util
 import json
 import logging
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,11 +42,12 @@ import threading
 import time
 import traceback
 
+import _remote
+from _remote import ACTIONS
+
 CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
 # A check's module file, where its name would shadow a well-known package.
 MODULE_OF = {"fabric": "nvfabric"}
-ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
-LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2}
 EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
 # where drivers and DCGM put their tools when PATH (a container's, sudo's secure_path) lacks them
 EXTRA_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",
@@ -103,16 +102,7 @@ class ToolRunner(object):
         self.lock = threading.Lock()
 
     def find(self, name):
-        if os.sep in name:
-            return name if os.access(name, os.X_OK) else None
-        found = shutil.which(name, path=self.path)
-        if found:
-            return found
-        for d in EXTRA_TOOL_DIRS:
-            candidate = os.path.join(d, name)
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
-        return None
+        return _remote.find_tool(name, EXTRA_TOOL_DIRS, self.path)
 
     def hung_before(self, name):
         with self.lock:
@@ -289,24 +279,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load_check(name):
-    """The check module ``NAME.py`` beside this file, or None when it is not there. Loaded by
-    path under a private module name: the target's environment may well have a package of
-    the same name on sys.path (Fabric's ``fabric``), which must be neither shadowed nor used."""
-    private = "_mldiag_check_" + name
-    if private in sys.modules:
-        return sys.modules[private]
-    path = os.path.join(HERE, MODULE_OF.get(name, name) + ".py")
-    if not os.path.isfile(path):
-        return None
-    spec = importlib.util.spec_from_file_location(private, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[private] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[private]
-        raise
-    return module
+    """The check module ``NAME.py`` beside this file, or None when it is not there
+    (``_remote.load_companion``: by path, under a private module name)."""
+    return _remote.load_companion(HERE, MODULE_OF.get(name, name) + ".py", "_mldiag_check_" + name)
 
 
 class CheckRun(object):
@@ -329,10 +304,9 @@ def run_check(run, module, expect, run_tool, options):
 
 
 def check_status(findings):
-    worst = max([LEVEL_RANK.get(f.get("level"), 2) for f in findings] or [0])
     if any(f.get("code") == "tool-hung" for f in findings):
         return "hung"
-    return ("ok", "warn", "fail")[worst]
+    return _remote.worst_status(findings)
 
 
 def run_checks(names, expect, run_tool, options, budget):
@@ -414,7 +388,7 @@ def summarise(gpus, findings, checks):
     if not problems:
         return "healthy: %s, %d checks passed (%s)%s" % (
             what, len(ran), ", ".join(ran), "; nothing to read for %s" % ", ".join(idle) if idle else "")
-    problems.sort(key=lambda f: (-LEVEL_RANK.get(f["level"], 2), -action_rank(f.get("action"))))
+    problems.sort(key=lambda f: (-_remote.level_rank(f["level"]), -action_rank(f.get("action"))))
     top = problems[0]
     more = " (+%d more)" % (len(problems) - 1) if len(problems) > 1 else ""
     return "%s: %s%s" % (worst_action(problems) or "monitor", top["message"], more)

@@ -32,6 +32,8 @@ import collections
 import re
 import time
 
+import _remote
+
 Tool = collections.namedtuple("Tool", "status rc out err seconds")
 
 CHECK = "fabric"
@@ -174,27 +176,10 @@ def read_tail(path, limit=FM_LOG_TAIL):
 
 
 def finding(level, code, message, action, gpus=None, hint=None, ports=None):
-    f = {"level": level, "code": code, "message": message, "action": action, "check": CHECK}
-    if gpus is not None:
-        f["gpus"] = sorted(gpus)
-    if ports is not None:
-        f["ports"] = list(ports)
-    if hint:
-        f["hint"] = hint
-    return f
+    return _remote.check_finding(CHECK, level, code, message, action, gpus=gpus, hint=hint, ports=ports)
 
 
-def fold(findings):
-    out = []
-    seen = {}
-    for f in findings:
-        key = (f["level"], f["code"], f["message"], f["action"], f.get("hint"), tuple(f.get("ports") or ()))
-        if key in seen and "gpus" in f and "gpus" in seen[key]:
-            seen[key]["gpus"] = sorted(set(seen[key]["gpus"]) | set(f["gpus"]))
-            continue
-        seen[key] = f
-        out.append(f)
-    return out
+fold = _remote.fold_gpus
 
 
 def tool_problem(tool, argv, timeout, what="nvidia-smi"):

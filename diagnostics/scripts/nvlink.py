@@ -42,6 +42,8 @@ uptime, which is at least that long: the rate is a lower bound):
 import collections
 import re
 
+import _remote
+
 Tool = collections.namedtuple("Tool", "status rc out err seconds")
 
 CHECK = "nvlink"
@@ -206,28 +208,10 @@ def read_uptime(path="/proc/uptime"):
 
 
 def finding(level, code, message, action, gpus=None, hint=None, ports=None):
-    f = {"level": level, "code": code, "message": message, "action": action, "check": CHECK}
-    if gpus is not None:
-        f["gpus"] = sorted(gpus)
-    if ports is not None:
-        f["ports"] = list(ports)
-    if hint:
-        f["hint"] = hint
-    return f
+    return _remote.check_finding(CHECK, level, code, message, action, gpus=gpus, hint=hint, ports=ports)
 
 
-def fold(findings):
-    """One finding per (level, code, message, action, hint): their GPUs listed together."""
-    out = []
-    seen = {}
-    for f in findings:
-        key = (f["level"], f["code"], f["message"], f["action"], f.get("hint"), tuple(f.get("ports") or ()))
-        if key in seen and "gpus" in f and "gpus" in seen[key]:
-            seen[key]["gpus"] = sorted(set(seen[key]["gpus"]) | set(f["gpus"]))
-            continue
-        seen[key] = f
-        out.append(f)
-    return out
+fold = _remote.fold_gpus
 
 
 def tool_problem(tool, argv, timeout):

@@ -48,6 +48,8 @@ GPUs nvidia-smi did not list) as ``pcie.<bdf>.width``, ``.max_width``, ``.gen``,
 import os
 import re
 
+from _remote import fmt_indices, read_text
+
 CHECK = "pcie"
 
 NVIDIA = "0x10de"
@@ -77,14 +79,6 @@ def finding(level, code, message, action, hint=None, gpus=None, ports=None):
 
 
 # --------------------------------------------------------------------------- parsers
-
-
-def read_text(path):
-    try:
-        with open(path, "r") as fh:
-            return fh.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def parse_speed(text):
@@ -293,23 +287,6 @@ def _int_expect(expect, key):
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def _fmt_gpus(indices):
-    idx = sorted(set(indices))
-    if len(idx) == 1:
-        return "GPU %d" % idx[0]
-    parts, start, prev = [], None, None
-    for i in idx:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
-        else:
-            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
-            start = prev = i
-    parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
-    return "GPUs " + ",".join(parts)
-
-
 def _fold(findings):
     """One finding per (level, code, text after the device label): GPUs folded into "GPUs 0-7",
     NICs into "0000:0c:00.0, 0000:12:00.0"."""
@@ -329,7 +306,7 @@ def _fold(findings):
     for (_, _, rest, _, _), f in first.items():
         if len(f.get("gpus") or []) > 1:
             f["gpus"] = sorted(set(f["gpus"]))
-            f["message"] = _fmt_gpus(f["gpus"]) + rest
+            f["message"] = fmt_indices(f["gpus"]) + rest
         elif len(f.get("ports") or []) > 1:
             f["message"] = ", ".join(f["ports"]) + rest
     return out

@@ -74,6 +74,8 @@ import os
 import re
 import sys
 
+import _remote
+
 DEFAULT_LINES = 2000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024   # never read more than this from the end of the file
 COUNT_PREFIX_LIMIT = 256 * 1024 * 1024  # count newlines before the tail up to this many bytes
@@ -126,12 +128,8 @@ def load_xid():
     if not _XID_MODULE:
         mod = None
         try:
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xid.py")
-            if os.path.isfile(path):
-                import importlib.util
-                spec = importlib.util.spec_from_file_location("mldiag_xid", path)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
+            mod = _remote.load_companion(os.path.dirname(os.path.abspath(__file__)), "xid.py", "mldiag_xid")
+            if mod is not None:
                 mod.load_catalog()
         except (ImportError, OSError, ValueError, SyntaxError, KeyError):
             mod = None
@@ -749,9 +747,8 @@ def run(args) -> dict:
     return {"status": status, "summary": summary, "findings": findings, "data": data}
 
 
-_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 if __name__ == "__main__":
     _result = run(build_parser().parse_args())
     print(json.dumps(_result, indent=2))
-    sys.exit(_EXIT.get(_result.get("status"), 3))
+    sys.exit(_remote.exit_code(_result))

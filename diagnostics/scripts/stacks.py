@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+import _remote
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
              "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOB_ID",
@@ -75,25 +77,9 @@ def build_parser():
 
 
 def companion(name):
-    """The module ``NAME.py`` beside this file (pyframes, flight_recorder), or None. Loaded by
-    path under a private name: the target's Python may have a package of the same name on
-    sys.path, which must be neither shadowed nor used."""
-    private = "_mldiag_stacks_" + name
-    if private in sys.modules:
-        return sys.modules[private]
-    path = os.path.join(HERE, name + ".py")
-    if not os.path.isfile(path):
-        return None
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(private, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[private] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[private]
-        raise
-    return module
+    """The module ``NAME.py`` beside this file (pyframes, flight_recorder), or None
+    (``_remote.load_companion``: by path, under a private module name)."""
+    return _remote.load_companion(HERE, name + ".py", "_mldiag_stacks_" + name)
 
 
 def _read(path, limit):
@@ -461,9 +447,8 @@ def _left_out_text(left_out):
     return "; %d in containers left out" % n if n else ""
 
 
-_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}
 
 if __name__ == "__main__":
     _result = run(build_parser().parse_args())
     print(json.dumps(_result, indent=2))
-    sys.exit(_EXIT.get(_result.get("status"), 3))
+    sys.exit(_remote.exit_code(_result))

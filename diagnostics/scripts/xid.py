@@ -119,9 +119,9 @@ import json
 import os
 import re
 
+from _remote import ACTION_RANK
+
 CATALOG_FILE = "xid_catalog.json"
-ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
-ACTION_RANK = dict((a, i) for i, a in enumerate(ACTIONS))
 LEVEL_OF = {"none": "info", "monitor": "warn", "app": "warn", "reset-gpu": "fail", "reboot": "fail",
             "drain": "fail", "rma": "fail"}
 DEFAULT_TIMEOUT = 10.0

@@ -53,6 +53,8 @@ def require(name):
 
 
 def _load(modname, path):
+    if str(path.parent) not in sys.path:    # as the runtime: the script's directory first
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(modname, str(path))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod

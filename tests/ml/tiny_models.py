@@ -169,6 +169,7 @@ def main(argv=None):
 
     script = a.then_run[0]
     sys.argv = [script] + [a.directory if x == "MODEL_DIR" else x for x in a.then_run[1:]]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))   # as `python3 SCRIPT` would
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:

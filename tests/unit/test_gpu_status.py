@@ -168,7 +168,7 @@ def test_capture(smi_env, monkeypatch, capture, phase, name, total, used, driver
     assert [(p["pid"], p["name"], p["used_memory_mib"]) for p in d["processes"]] == procs
     assert all(p["gpu"] == 0 for p in d["processes"])
     assert codes(r) == sorted(expected)
-    worst = max([gs.LEVEL_RANK[lvl] for lvl, _ in expected] + [0])
+    worst = max([gs._remote.level_rank(lvl) for lvl, _ in expected] + [0])
     assert r["status"] == ["ok", "warn", "fail"][worst]
     assert r["summary"].startswith("1\u00d7 %s, driver %s: " % (name, driver))
     assert "error" not in g and "unreadable" not in g
@@ -1070,7 +1070,9 @@ def test_main_prints_json_and_exits_by_status(smi_env):
 
 
 def test_help_works_standalone():
-    p = subprocess.run([sys.executable, "-I", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30,
+    # -E -s: no environment, no user site; the script's directory stays first on sys.path, as for
+    # `python3 gpu_status.py` on a target with _remote.py beside it
+    p = subprocess.run([sys.executable, "-E", "-s", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30,
                        cwd="/")
     assert p.returncode == 0
     for opt in ("--expect-gpus", "--nvidia-smi", "--timeout", "--nvml", "--expect-idle", "--no-kernel-log"):
@@ -1120,7 +1122,7 @@ def test_python38_syntax_and_stdlib_only(path):
             imported.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
-    allowed = {"__future__", "argparse", "errno", "json", "os", "re", "select", "shutil", "signal", "subprocess", "sys",
+    allowed = {"__future__", "_remote", "argparse", "errno", "json", "os", "re", "select", "shutil", "signal", "subprocess", "sys",
                "time", "ctypes", "pynvml", "importlib", "threading"}
     assert imported <= allowed, imported - allowed
     assert "diagnostics" not in imported

@@ -277,7 +277,8 @@ def test_the_job_timeout_and_the_script_budget_follow_dcgm_py():
 
 def test_the_bundle_carries_every_companion_that_exists():
     job = bundle.script_job("node-check")
-    assert set(job.extra_files) == set(registry.get("node-check").companions)
+    # its companions, and the scripts' shared helpers every diagnostic gets
+    assert set(job.extra_files) == set(registry.get("node-check").companions) | {"_remote.py"}
     for name in job.extra_files:
         assert job.extra_files[name] == (SCRIPTS / name).read_bytes()
 

@@ -18,18 +18,11 @@ from diagnostics.core.results import (ACTIONS, LEVELS, STATUSES, Result, action_
                                       worst_status)
 
 PACKAGE = Path(SCRIPTS_DIR).parent
-# script → its copies of the orders, by constant name
+# script → its copies of the orders, by constant name: the scripts' shared helper, which every
+# diagnostic imports, and the runtime (which runs before any file of the job is written)
 REMOTE_COPIES = {
+    "_remote.py": ("STATUSES", "LEVEL_RANK", "STATUS_EXIT", "ACTIONS"),
     "_runtime.py": ("STATUSES",),
-    "check_attn.py": ("_LEVEL_RANK",),
-    "extract_smoke.py": ("_LEVEL_RANK",),
-    "dcgm.py": ("ACTIONS",),
-    "gpu_status.py": ("LEVEL_RANK", "STATUS_EXIT"),
-    "env_report.py": ("_EXIT",),
-    "scan_log.py": ("_EXIT",),
-    "stacks.py": ("_EXIT",),
-    "node_check.py": ("ACTIONS", "LEVEL_RANK"),
-    "xid.py": ("ACTIONS",),
 }
 # How a copy of an order is spelt: the action list, a level-to-rank table, the status list.
 COPY_SHAPES = (re.compile(r'"none", "monitor", "app"'), re.compile(r'"warn": 1, "fail": 2'),
@@ -43,7 +36,7 @@ def test_each_remote_copy_is_the_clients_order(script, name):
         assert tuple(value) == ACTIONS
     elif name == "STATUSES":
         assert tuple(value) == STATUSES
-    elif name in ("STATUS_EXIT", "_EXIT"):   # the exit code of a script run by hand
+    elif name == "STATUS_EXIT":   # the exit code of a script run by hand
         assert value == {s: exit_code([Result("d", "t", s, "")]) for s in STATUSES}
     else:   # a level → rank table: each entry ranks as core ranks it
         assert set(value) <= set(LEVELS) | set(STATUSES)

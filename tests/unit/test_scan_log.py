@@ -604,7 +604,7 @@ def test_script_parses_as_python38_and_stands_alone():
             imported.add(node.module.split(".")[0])
     assert "diagnostics" not in imported
     if hasattr(sys, "stdlib_module_names"):
-        assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+        assert imported <= set(sys.stdlib_module_names) | {"__future__", "_remote"}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             assert not (node.module or "").startswith("diagnostics")

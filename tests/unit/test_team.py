@@ -159,7 +159,7 @@ def test_a_team_job_ships_the_file_and_its_companions_and_passes_flags_as_argv(c
         registry.use(previous)
     assert list(job.argv) == ["--level=warn", "--echo=a b", "--echo=-x", "--quiet"]
     assert (job.script_name, sorted(job.extra_files), job.timeout) == \
-        ("probe.py", ["_levels.py", "levels.json"], 60.0)
+        ("probe.py", ["_levels.py", "_remote.py", "levels.json"], 60.0)   # _remote.py: ours
     assert (job.own_code, job.team) == (False, True)      # the client never parses its argv
 
 

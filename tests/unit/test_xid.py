@@ -331,6 +331,6 @@ def test_python38_syntax_and_stdlib_only():
             imported.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
-    assert imported == {"__future__", "json", "os", "re"}
+    assert imported == {"__future__", "_remote", "json", "os", "re"}
     if hasattr(sys, "stdlib_module_names"):
-        assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+        assert imported <= set(sys.stdlib_module_names) | {"__future__", "_remote"}

@@ -1,0 +1,154 @@
+"""What mldiag's remote scripts share. Standard library only, Python 3.8+.
+
+Shipped beside every diagnostic, mldiag's and a team's (``engine/bundle.py: script_job``), into
+the run's private directory, which the runtime puts first on ``sys.path``; so a script says
+``import _remote``, and one run by hand finds it beside itself (``python3 gpu_status.py``).
+A team's diagnostic may import it too (docs/extending.md).
+
+- the orders: ``STATUSES``, ``LEVEL_RANK``, ``ACTIONS``, ``STATUS_EXIT``, with the client's rule
+  for a value it does not know (an unknown level ranks as error, an unknown action as none);
+  tests/unit/test_order.py holds them against the client's ``core/results.py``;
+- ``load_companion``: a file beside the script, loaded by path under a private module name;
+- ``which``, ``find_tool``: an executable on ``PATH``, then where drivers put theirs;
+- ``fmt_indices``: GPU indices as a person reads them (``GPUs 0-2,5``);
+- ``read_text``: a sysfs file's text;
+- ``check_finding``, ``fold_gpus``: a node-check check's finding, and those that say the same
+  about several GPUs made one.
+"""
+
+import os
+import sys
+
+STATUSES = ("ok", "warn", "fail", "error")
+LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2, "error": 3}
+STATUS_EXIT = {"ok": 0, "warn": 1, "fail": 2, "error": 3}   # a script run by hand exits so
+ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
+ACTION_RANK = dict((a, i) for i, a in enumerate(ACTIONS))
+
+
+def level_rank(level):
+    """A finding's level as the status it makes (0 ok ... 3 error); unknown: error."""
+    return LEVEL_RANK.get(level, 3) if isinstance(level, str) else 3
+
+
+def worst_status(findings, status="ok"):
+    """``status`` made as bad as the worst of ``findings``' levels."""
+    worst = max([level_rank(status)] + [level_rank(f.get("level")) for f in findings])
+    return STATUSES[worst]
+
+
+def exit_code(result):
+    """The exit status of a script run by hand: its result's status, an unknown one as error."""
+    return STATUS_EXIT.get(result.get("status"), 3)
+
+
+def load_companion(directory, file_name, module_name):
+    """The module in ``directory/file_name``, loaded by path as ``module_name`` (once: later calls
+    for the same file get the same module), or None when there is no such file. By path and
+    under a private name: the target's environment may well have a package of the same name on
+    sys.path (Fabric's ``fabric``), which must be neither shadowed nor used. What the file
+    raises is the caller's."""
+    path = os.path.join(directory, file_name)
+    if not os.path.isfile(path):
+        return None
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and getattr(loaded, "__file__", None) == path:
+        return loaded
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def which(name, path=None):
+    """shutil.which for an executable file (without importing shutil: bz2, lzma and more)."""
+    if os.sep in name:
+        return name if _executable(name) else None
+    if path is None:
+        path = os.environ.get("PATH", None)
+        if path is None:
+            path = os.defpath
+    for d in path.split(os.pathsep):
+        candidate = os.path.join(d, name)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
+def _executable(path):
+    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
+
+
+def find_tool(name, extra_dirs, path=None):
+    """``which(name)``, else the first of ``extra_dirs`` that holds it: the places drivers put
+    their tools when PATH (a non-login shell's, a container's, sudo's secure_path) lacks them."""
+    found = which(name, path=path)
+    if found:
+        return found
+    for d in extra_dirs:
+        candidate = os.path.join(d, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def fmt_indices(indices):
+    """[0, 1, 2, 5] -> "GPUs 0-2,5"; [3] -> "GPU 3"."""
+    idx = sorted(set(i for i in indices if i is not None))
+    if len(idx) == 1:
+        return "GPU %d" % idx[0]
+    parts = []
+    start = prev = None
+    for i in idx:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+            start = prev = i
+    if start is not None:
+        parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+    return "GPUs " + ",".join(parts)
+
+
+def read_text(path):
+    """A (sysfs) file's text, stripped; None when it cannot be read."""
+    try:
+        with open(path, "r") as fh:
+            return fh.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_finding(check, level, code, message, action, gpus=None, hint=None, ports=None):
+    """A finding of node-check's check ``check``: ``gpus`` the indices it is about (sorted),
+    ``ports`` the links or ports."""
+    f = {"level": level, "code": code, "message": message, "action": action, "check": check}
+    if gpus is not None:
+        f["gpus"] = sorted(gpus)
+    if ports is not None:
+        f["ports"] = list(ports)
+    if hint:
+        f["hint"] = hint
+    return f
+
+
+def fold_gpus(findings):
+    """One finding per (level, code, message, action, hint, ports): their GPUs listed together."""
+    out = []
+    seen = {}
+    for f in findings:
+        key = (f["level"], f["code"], f["message"], f["action"], f.get("hint"), tuple(f.get("ports") or ()))
+        if key in seen and "gpus" in f and "gpus" in seen[key]:
+            seen[key]["gpus"] = sorted(set(seen[key]["gpus"]) | set(f["gpus"]))
+            continue
+        seen[key] = f
+        out.append(f)
+    return out
