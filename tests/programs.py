@@ -171,6 +171,25 @@ def findings_by_code(doc) -> dict:
     return {f["code"]: f for f in doc["findings"]}
 
 
+def script_imports(path, *, module_level: bool = False) -> set:
+    """The top-level names of what the Python file at ``path`` imports (``os`` for
+    ``os.path``), its syntax read as Python 3.8's (a SyntaxError otherwise): every import, or with
+    ``module_level`` those its import itself runs (the module's body and its ``try:`` blocks)."""
+    import ast
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), str(path), feature_version=(3, 8))
+    if module_level:
+        nodes = [n for top in tree.body for n in ([top] + (top.body if isinstance(top, ast.Try) else []))]
+    else:
+        nodes = list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
 def load_module(path, name: str):
     """The Python file at ``path`` as a fresh module called ``name``, imported alone: a remote
     script is a single file (importing it only defines things), so it is tested without the

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import SCRIPTS, load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "env_report.py"
@@ -486,16 +487,7 @@ def test_pip_check_problems_are_one_warning():
 
 def test_script_parses_as_python38_and_stands_alone():
     tree = ast.parse(SCRIPT.read_text(), feature_version=(3, 8))
-    top = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            top.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            top.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Try):
-            for sub in node.body:
-                if isinstance(sub, ast.Import):
-                    top.update(a.name.split(".")[0] for a in sub.names)
+    top = script_imports(SCRIPT, module_level=True)
     if hasattr(sys, "stdlib_module_names"):
         assert top <= set(sys.stdlib_module_names) | {"__future__", "_remote"}, top
     for node in ast.walk(tree):

@@ -3,7 +3,6 @@ Fabric section from recorded outputs (a cut-short one too), the fabric manager's
 and log, check() with a fake run_tool, and the fake nvidia-smi's ``-q`` for an 8-GPU H200 node
 (tests/fixtures/fabric/README.md says where each file comes from and what it should give)."""
 
-import ast
 import importlib.machinery
 import importlib.util
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "fabric"
@@ -360,12 +360,5 @@ def test_check_cut_short():
 
 
 def test_python38_syntax_and_stdlib_only():
-    src = SCRIPT.read_text(encoding="utf-8")
-    tree = ast.parse(src, feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = script_imports(SCRIPT)
     assert imported <= {"collections", "re", "time", "_remote"}, imported

@@ -5,7 +5,6 @@ the way it runs nvidia-smi on a target. Expected values were written by hand fro
 files in tests/fixtures/nvidia-smi/, not computed from them.
 """
 
-import ast
 import copy
 import ctypes as C
 import importlib.machinery
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_module, load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
@@ -1115,13 +1115,7 @@ def test_a_kernel_log_reader_that_crashes_is_a_crash_of_the_diagnostic(smi_env, 
 @pytest.mark.parametrize("path", [SCRIPT, FAKE], ids=["gpu_status.py", "fake-nvidia-smi"])
 def test_python38_syntax_and_stdlib_only(path):
     src = path.read_text(encoding="utf-8")
-    tree = ast.parse(src, feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0])
+    imported = script_imports(path)
     allowed = {"__future__", "_remote", "argparse", "errno", "json", "os", "re", "select", "shutil", "signal", "subprocess", "sys",
                "time", "ctypes", "pynvml", "importlib", "threading"}
     assert imported <= allowed, imported - allowed

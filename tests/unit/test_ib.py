@@ -6,7 +6,6 @@ tmp tree by ``materialise``), Azure NHC's syslog with IB link flaps. Faulty tree
 from the real ones in a tmp dir by the test that needs them.
 """
 
-import ast
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_script
+from tests.programs import script_imports
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "diagnostics" / "scripts"
@@ -342,13 +342,7 @@ def test_ofed_version(tmp_path):
 
 
 def test_script_is_stdlib_only_python38_and_runs_no_tool():
-    tree = ast.parse((SCRIPTS / "ib.py").read_text(), feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = script_imports(SCRIPTS / "ib.py")
     assert imported <= {"os", "re", "_remote"}
     code = "import sys; sys.path.insert(0, %r); import ib; print(ib.CHECK)" % str(SCRIPTS)
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,

@@ -3,7 +3,6 @@
 fake run_tool, and the fake nvidia-smi's nvlink answers (tests/fixtures/nvlink/README.md says
 where each file comes from and what it should give)."""
 
-import ast
 import importlib.machinery
 import importlib.util
 import os
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "nvlink"
@@ -466,12 +466,5 @@ def test_fake_rejects_a_bad_directive(tmp_path):
 
 
 def test_python38_syntax_and_stdlib_only():
-    src = SCRIPT.read_text(encoding="utf-8")
-    tree = ast.parse(src, feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = script_imports(SCRIPT)
     assert imported <= {"collections", "re", "_remote"}, imported

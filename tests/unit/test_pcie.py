@@ -10,7 +10,6 @@ tree with the recorded current links. AER files are written by the tests that ne
 format of the kernel's ABI document (sysfs-bus-pci-devices-aer_stats).
 """
 
-import ast
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import pytest
 
 from tests.programs import load_script
 from tests.unit.test_ib import materialise, no_tools
+from tests.programs import script_imports
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "diagnostics" / "scripts"
@@ -274,13 +274,7 @@ def test_every_finding_has_the_contract_shape(tmp_path):
 
 
 def test_script_is_stdlib_only_python38():
-    tree = ast.parse((SCRIPTS / "pcie.py").read_text(), feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = script_imports(SCRIPTS / "pcie.py")
     assert imported <= {"os", "re", "_remote"}
     code = "import sys; sys.path.insert(0, %r); import pcie; print(pcie.CHECK)" % str(SCRIPTS)
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,

@@ -2,26 +2,19 @@
 syntax (it runs on every target), shipped with every diagnostic job, and each helper doing what
 the scripts that once kept a copy of it did."""
 
-import ast
 import os
 import sys
 
 from diagnostics.core.paths import SCRIPTS_DIR
 from diagnostics.engine import bundle, execute
-from tests.programs import load_script
+from tests.programs import load_script, script_imports
 
 REMOTE = os.path.join(SCRIPTS_DIR, "_remote.py")
 remote = load_script("_remote.py", "mldiag_test_remote")
 
 
 def test_standard_library_only_and_python38():
-    tree = ast.parse(open(REMOTE, encoding="utf-8").read(), feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = script_imports(REMOTE)
     assert imported <= set(sys.stdlib_module_names), imported
 
 

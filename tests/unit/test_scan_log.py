@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.programs import load_module, load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "scan_log.py"
@@ -596,12 +597,7 @@ def test_tail_matches_a_naive_split(tmp_path, data, n, block):
 def test_script_parses_as_python38_and_stands_alone():
     src = SCRIPT.read_text()
     tree = ast.parse(src, feature_version=(3, 8))
-    imported = set()
-    for node in tree.body:      # module level: what importing the script needs
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    imported = script_imports(SCRIPT, module_level=True)   # what importing the script needs
     assert "diagnostics" not in imported
     if hasattr(sys, "stdlib_module_names"):
         assert imported <= set(sys.stdlib_module_names) | {"__future__", "_remote"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_script
+from tests.programs import script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "xid"
@@ -321,16 +322,8 @@ def test_check_uses_the_log_node_check_read():
 
 
 def test_python38_syntax_and_stdlib_only():
-    import ast
     import sys
-    src = (ROOT / "diagnostics" / "scripts" / "xid.py").read_text(encoding="utf-8")
-    tree = ast.parse(src, feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0])
+    imported = script_imports(ROOT / "diagnostics" / "scripts" / "xid.py")
     assert imported == {"__future__", "_remote", "json", "os", "re"}
     if hasattr(sys, "stdlib_module_names"):
         assert imported <= set(sys.stdlib_module_names) | {"__future__", "_remote"}
