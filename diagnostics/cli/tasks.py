@@ -131,11 +131,7 @@ class RunScriptTask(MldiagTask):
     takes_remainder = True
 
     def get_arguments(self, *args, **kwargs):
-        arguments = super().get_arguments(*args, **kwargs)
-        by_name = {a.name: a for a in arguments}
-        by_name["code"].__class__ = _FillsPositional
-        by_name["code"].fills = by_name["path"]
-        return arguments
+        return _filling(super().get_arguments(*args, **kwargs), "code", "path")
 
     def lost_value_message(self, flag: cmdline.Flag, value: Optional[str]) -> str:
         if flag.name != "arg":
@@ -159,6 +155,19 @@ class _FillsPositional(Argument):
         if value is not None and value is not False and self.fills is not None \
                 and self.fills.value is None:
             self.fills.set_value("", cast=False)
+
+
+def _filling(arguments: List[Argument], flag: str, positional: str) -> List[Argument]:
+    """``arguments`` with ``flag`` made again as a ``_FillsPositional`` of ``positional``, from
+    the options Invoke's Task gave it (the Task builds plain Arguments: the class is not its
+    caller's to choose)."""
+    by_name = {a.name: a for a in arguments}
+    old = by_name[flag]
+    new = _FillsPositional(names=old.names, kind=old.kind, default=old.default, help=old.help,
+                           positional=old.positional, optional=old.optional,
+                           incrementable=old.incrementable, attr_name=old.attr_name)
+    new.fills = by_name[positional]
+    return [new if a is old else a for a in arguments]
 
 
 COMMON_HELP = {
@@ -320,11 +329,7 @@ def run_script(c, path, code=None, arg=None, args_json=None, put=None, host=None
 
 class RunbookTask(MldiagTask):
     def get_arguments(self, *args, **kwargs):
-        arguments = super().get_arguments(*args, **kwargs)
-        by_name = {a.name: a for a in arguments}
-        by_name["list_"].__class__ = _FillsPositional
-        by_name["list_"].fills = by_name["name"]
-        return arguments
+        return _filling(super().get_arguments(*args, **kwargs), "list_", "name")
 
 
 @task(klass=RunbookTask, positional=["name"], iterable=["param", "runbooks_dir"], help=_help(
