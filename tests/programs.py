@@ -171,6 +171,51 @@ def findings_by_code(doc) -> dict:
     return {f["code"]: f for f in doc["findings"]}
 
 
+FAKE_NVIDIA_SMI = Path(REPO) / "tests" / "fakes" / "nvidia-smi"
+NVIDIA_SMI_CAPTURES = Path(REPO) / "tests" / "fixtures" / "nvidia-smi"
+
+
+@functools.lru_cache(maxsize=None)
+def fake_nvidia_smi_module():
+    """tests/fakes/nvidia-smi (a file without .py) loaded as a module: its capture reader."""
+    import importlib.machinery
+    loader = importlib.machinery.SourceFileLoader("mldiag_test_fake_nvidia_smi", str(FAKE_NVIDIA_SMI))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def captured_section(capture: str, what: str, phase: str) -> str:
+    """One section of a recorded nvidia-smi capture, as nvidia-smi printed it."""
+    text = (NVIDIA_SMI_CAPTURES / capture).read_text(encoding="utf-8")
+    return "\n".join(fake_nvidia_smi_module().read_sections(text)[(phase, what)]) + "\n"
+
+
+def run_fake_nvidia_smi(*argv, capture: Optional[str] = None) -> subprocess.CompletedProcess:
+    """The fake nvidia-smi as a program (``python3 -S``), answering from ``capture`` (or its
+    default) whatever MLDIAG_FAKE_NVIDIA_SMI* this process has."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLDIAG_FAKE_NVIDIA_SMI")}
+    if capture:
+        env["MLDIAG_FAKE_NVIDIA_SMI"] = capture
+    return subprocess.run([sys.executable, "-S", str(FAKE_NVIDIA_SMI)] + list(argv),
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def node_check_finding(code: str, action: str, level: str = "fail"):
+    """A node-check finding that asks for ``action`` (drain, undrain and the Prometheus file
+    read only those)."""
+    from diagnostics.core.results import Finding
+    return Finding(level=level, code=code, message=f"{code} happened", action=action)
+
+
+def node_check_result(target: str, status: str = "ok", *findings, data=None):
+    """A node-check result of ``target`` with ``findings``, as the engine hands it on."""
+    from diagnostics.core.results import Result
+    return Result(diagnostic="node-check", target=target, status=status, summary="",
+                  findings=list(findings), data=data or {})
+
+
 def script_imports(path, *, module_level: bool = False) -> set:
     """The top-level names of what the Python file at ``path`` imports (``os`` for
     ``os.path``), its syntax read as Python 3.8's (a SyntaxError otherwise): every import, or with

@@ -17,8 +17,9 @@ import pytest
 from diagnostics.builtin.node_check import drain
 from diagnostics.inventory import topology
 from diagnostics.transport.ssh import SshPool
-from diagnostics.core.results import Finding, Result
+from diagnostics.core.results import Result
 from tests import programs
+from tests.programs import node_check_finding as finding, node_check_result as result
 
 REPO = Path(__file__).resolve().parents[2]
 mldiag = partial(programs.mldiag, timeout=180)
@@ -78,17 +79,6 @@ def settled_state(cluster, node, timeout=20.0):
         if "NOT_RESPONDING" not in state[0] or time.monotonic() > end:
             return state
         time.sleep(0.2)
-
-
-def finding(code, action):
-    f = Finding(level="fail", code=code, message=f"{code} happened")
-    f.action = action          # results.Finding gains `action` with schema 2
-    return f
-
-
-def result(target, status="ok", *findings):
-    return Result(diagnostic="node-check", target=target, status=status, summary="",
-                  findings=list(findings))
 
 
 def check(topo, names, results, **flags):

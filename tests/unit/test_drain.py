@@ -9,7 +9,8 @@ import pytest
 
 from diagnostics.builtin.node_check import drain
 from diagnostics.transport.base import ProcessOutput, Transport, TransportError
-from diagnostics.core.results import Finding, Result
+from diagnostics.core.results import Result
+from tests.programs import node_check_finding as finding, node_check_result as result
 from diagnostics.inventory.topology import Slurm, SshHost, Target
 
 NOW = datetime.datetime(2026, 12, 1, 10, 0, 27, tzinfo=datetime.timezone.utc)
@@ -19,17 +20,6 @@ LOGIN_SUDO = Target(name="cluster-b", host=SshHost(name="cluster-b", address="lo
                     become="sudo", slurm=Slurm(nodes=2, nodelist="m[1-2]"))
 PLAIN = Target(name="b200", host=SshHost(name="b200", address="10.1.230.174"))
 TARGETS = [LOGIN, LOGIN_SUDO, PLAIN]
-
-
-def finding(code, action, level="fail"):
-    f = Finding(level=level, code=code, message=f"{code} happened")
-    f.action = action          # results.Finding gains `action` with schema 2
-    return f
-
-
-def result(target, status="ok", *findings, data=None):
-    return Result(diagnostic="node-check", target=target, status=status, summary="",
-                  findings=list(findings), data=data or {})
 
 
 def show_line(node, state="IDLE", reason=None, who="root@2026-12-01T09:00:00"):

@@ -3,19 +3,14 @@ Fabric section from recorded outputs (a cut-short one too), the fabric manager's
 and log, check() with a fake run_tool, and the fake nvidia-smi's ``-q`` for an 8-GPU H200 node
 (tests/fixtures/fabric/README.md says where each file comes from and what it should give)."""
 
-import importlib.machinery
-import importlib.util
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.programs import load_script
-from tests.programs import script_imports
+from tests.programs import (captured_section, load_script,
+                            run_fake_nvidia_smi, script_imports)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "fabric"
@@ -32,31 +27,14 @@ INVALID_183 = "gpud-nvidia-smi-query.535.183.01.out.0.invalid"
 ACTIVE = "LoadState=loaded\nActiveState=active\nSubState=running\n"
 
 
-def _fake_module():
-    loader = importlib.machinery.SourceFileLoader("mldiag_test_fake_smi_fabric", str(FAKE))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-fake_mod = _fake_module()
 
 
 def section(capture, what="query", phase="idle"):
-    text = (CAPTURES / capture).read_text(encoding="utf-8")
-    return "\n".join(fake_mod.read_sections(text)[(phase, what)]) + "\n"
+    return captured_section(capture, what, phase)
 
 
 def fake(*argv, capture=None):
-    env = dict(os.environ)
-    for var in list(env):
-        if var.startswith("MLDIAG_FAKE_NVIDIA_SMI"):
-            del env[var]
-    if capture:
-        env["MLDIAG_FAKE_NVIDIA_SMI"] = capture
-    return subprocess.run([sys.executable, "-S", str(FAKE)] + list(argv), capture_output=True, text=True,
-                          env=env, timeout=60)
+    return run_fake_nvidia_smi(*argv, capture=capture)
 
 
 def brief(findings):

@@ -7,8 +7,6 @@ files in tests/fixtures/nvidia-smi/, not computed from them.
 
 import copy
 import ctypes as C
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
@@ -23,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_module, load_script
-from tests.programs import script_imports
+from tests.programs import fake_nvidia_smi_module, script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
@@ -1042,10 +1040,7 @@ def test_fake_faults(smi_env):
 
 def test_every_capture_parses():
     """The fake reads every capture (in-process: it is a module too): all rows have all columns."""
-    loader = importlib.machinery.SourceFileLoader("mldiag_test_fake_nvidia_smi", str(FAKE))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    fake_mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(fake_mod)
+    fake_mod = fake_nvidia_smi_module()
     for path in sorted(CAPTURES.glob("*.txt")):
         cap = fake_mod.Capture(str(path))
         for phase in ("idle", "load"):

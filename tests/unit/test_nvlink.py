@@ -3,18 +3,13 @@
 fake run_tool, and the fake nvidia-smi's nvlink answers (tests/fixtures/nvlink/README.md says
 where each file comes from and what it should give)."""
 
-import importlib.machinery
-import importlib.util
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.programs import load_script
-from tests.programs import script_imports
+from tests.programs import (captured_section, load_script,
+                            run_fake_nvidia_smi, script_imports)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "nvlink"
@@ -28,32 +23,15 @@ HOUR = 3600.0
 UPTIME = 1000 * HOUR
 
 
-def _fake_module():
-    loader = importlib.machinery.SourceFileLoader("mldiag_test_fake_smi_nvlink", str(FAKE))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-fake_mod = _fake_module()
 
 
 def section(capture, what="nvlink", phase="capabilities"):
     """A captured section's text, as nvidia-smi printed it."""
-    text = (CAPTURES / capture).read_text(encoding="utf-8")
-    return "\n".join(fake_mod.read_sections(text)[(phase, what)]) + "\n"
+    return captured_section(capture, what, phase)
 
 
 def fake(*argv, capture=None):
-    env = dict(os.environ)
-    for var in list(env):
-        if var.startswith("MLDIAG_FAKE_NVIDIA_SMI"):
-            del env[var]
-    if capture:
-        env["MLDIAG_FAKE_NVIDIA_SMI"] = capture
-    return subprocess.run([sys.executable, "-S", str(FAKE)] + list(argv), capture_output=True, text=True,
-                          env=env, timeout=60)
+    return run_fake_nvidia_smi(*argv, capture=capture)
 
 
 def brief(findings):
