@@ -123,7 +123,7 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                                 "instead of the live kernel log", metavar="FILE"),
          Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
                             "free)", kind="bool")),
-        companions=("xid.py", "xid_catalog.json"),
+        companions=("xid.py", "xid_catalog.json", "nvml.py"),
         target_argv=_gpu_status_argv, judge=_remember_smi, view=_gpu_view),
     DiagnosticSpec(
         "check-attn", "Requested vs resolved attention per module (meta-device build), layer "

@@ -10,7 +10,8 @@ A team's diagnostic may import it too (docs/extending.md).
   tests/unit/test_order.py holds them against the client's ``core/results.py``;
 - ``load_companion``: a file beside the script, loaded by path under a private module name;
 - ``which``, ``find_tool``: an executable on ``PATH``, then where drivers put theirs;
-- ``fmt_indices``: GPU indices as a person reads them (``GPUs 0-2,5``);
+- ``fmt_indices``: GPU indices as a person reads them (``GPUs 0-2,5``); ``pci_key``: one key
+  for a PCI address however nvidia-smi or the kernel log wrote it;
 - ``read_text``: a sysfs file's text;
 - ``check_finding``, ``fold_gpus``: a node-check check's finding, and those that say the same
   about several GPUs made one.
@@ -116,6 +117,20 @@ def fmt_indices(indices):
     if start is not None:
         parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
     return "GPUs " + ",".join(parts)
+
+
+def pci_key(bus_id):
+    """``00000000:BA:00.0`` (nvidia-smi), ``0000:ba:00`` (the kernel log) and ``ba:00.0`` (a
+    fallen-off-the-bus line without the PCI domain: domain 0) -> (0, 0xba, 0)."""
+    parts = str(bus_id or "").strip().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
+    except ValueError:
+        return None
 
 
 def read_text(path):

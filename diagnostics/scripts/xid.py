@@ -119,7 +119,7 @@ import json
 import os
 import re
 
-from _remote import ACTION_RANK
+from _remote import ACTION_RANK, pci_key  # noqa: F401 (pci_key: xid.pci_key for its callers)
 
 CATALOG_FILE = "xid_catalog.json"
 LEVEL_OF = {"none": "info", "monitor": "warn", "app": "warn", "reset-gpu": "fail", "reboot": "fail",
@@ -238,20 +238,6 @@ def split_line(line):
             h = _HOST_KERNEL.match(msg)
             return when, (h.group(1) if h else msg)
     return None, line
-
-
-def pci_key(bus_id):
-    """``00000000:BA:00.0`` (nvidia-smi), ``0000:ba:00`` (the kernel log) and ``ba:00.0`` (a
-    fallen-off-the-bus line without the PCI domain: domain 0) -> (0, 0xba, 0)."""
-    parts = str(bus_id or "").strip().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3:
-        return None
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
-    except ValueError:
-        return None
 
 
 def _short_pci(bus_id):

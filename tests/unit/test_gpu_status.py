@@ -635,6 +635,11 @@ def test_unstartable_nvidia_smi(smi_env, monkeypatch):
 # --------------------------------------------------------------------------- NVML
 
 
+def nvml_module():
+    """nvml.py, gpu_status.py's companion, as gpu_status loads it (the same module)."""
+    return gs._remote.load_companion(str(SCRIPT.parent), "nvml.py", "mldiag_nvml")
+
+
 def test_nvml_fallback_decision(monkeypatch):
     fake_pynvml = types.ModuleType("pynvml")
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
@@ -647,7 +652,7 @@ def test_nvml_fallback_decision(monkeypatch):
     api, why = gs.load_nvml("auto", cdll_loader=no_lib)
     assert api is None and "pynvml" in why and "libnvidia-ml.so.1" in why
     api, how = gs.load_nvml("auto", cdll_loader=lambda name: FakeNvmlLib())
-    assert isinstance(api, gs.CtypesNvml) and how == "ctypes:libnvidia-ml.so.1"
+    assert isinstance(api, nvml_module().CtypesNvml) and how == "ctypes:libnvidia-ml.so.1"
     assert gs.load_nvml("off")[0] is None
 
 
@@ -724,7 +729,7 @@ def test_nvml_row_remap_failure_and_aggregate_only(nvml_only):
 def test_nvml_init_failure(smi_env, monkeypatch):
     lib = FakeNvmlLib(init_rc=9)
     data, findings = {}, []
-    gs.collect_nvml(gs.CtypesNvml(lib), "ctypes", data, findings)
+    gs.collect_nvml(nvml_module().CtypesNvml(lib), "ctypes", data, findings)
     assert [(f["level"], f["code"]) for f in findings] == [("fail", "nvml-failed")]
     assert "Driver Not Loaded" in findings[0]["message"]
 
@@ -1107,7 +1112,8 @@ def test_a_kernel_log_reader_that_crashes_is_a_crash_of_the_diagnostic(smi_env, 
         gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE)]))
 
 
-@pytest.mark.parametrize("path", [SCRIPT, FAKE], ids=["gpu_status.py", "fake-nvidia-smi"])
+@pytest.mark.parametrize("path", [SCRIPT, SCRIPT.parent / "nvml.py", FAKE],
+                         ids=["gpu_status.py", "nvml.py", "fake-nvidia-smi"])
 def test_python38_syntax_and_stdlib_only(path):
     src = path.read_text(encoding="utf-8")
     imported = script_imports(path)
