@@ -1316,28 +1316,40 @@ def scan_xids(text, gpus=None):
 # --------------------------------------------------------------------------- analysis
 
 
-def analyse(data, args, findings):
-    gpus = [g for g in data.get("gpus") or [] if not g.get("error")]
-    bad_rows = [g for g in data.get("gpus") or [] if g.get("error")]
-    busy_level = "warn" if args.expect_idle else "info"
-    visible = len(gpus)
-    data["gpu_count"] = visible
+def answering(data):
+    """The GPUs whose rows were read (a row nvidia-smi could not read is left out)."""
+    return [g for g in data.get("gpus") or [] if not g.get("error")]
 
-    if args.expect_gpus is not None and data.get("source"):
-        if visible < args.expect_gpus:
-            env = dict((k, os.environ[k]) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-                       if k in os.environ)
+
+def judge(data, expect_gpus=None, expect_idle=False, environ=None):
+    """What the gathered facts say about the GPUs that answered: their count against
+    ``expect_gpus``, unreadable rows, ECC, row remaps, retired pages, clock events, MIG,
+    persistence, memory held (a warning with ``expect_idle``). A pure function of ``data`` (the
+    result's data as gathered) and the expectations, returning the findings: tests judge
+    recorded facts with it, no fake binary. ``environ``: where CUDA_VISIBLE_DEVICES is read
+    for a hint (default: this process's)."""
+    environ = os.environ if environ is None else environ
+    findings = []
+    gpus = answering(data)
+    bad_rows = [g for g in data.get("gpus") or [] if g.get("error")]
+    busy_level = "warn" if expect_idle else "info"
+    visible = len(gpus)
+
+    if expect_gpus is not None and data.get("source"):
+        if visible < expect_gpus:
+            env = dict((k, environ[k]) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+                       if k in environ)
             hint = "compare `nvidia-smi -L` and `lspci -d 10de:` with the expected count; a GPU " \
                    "missing from both fell off the bus (Xid 79)"
             if env:
                 hint += "; note %s" % ", ".join("%s=%s" % kv for kv in sorted(env.items()))
-            findings.append(finding("fail", "gpu-count-low", "%d of %s visible" % (visible, count_gpus(args.expect_gpus)),
-                                    hint=hint, short="%d of %s visible" % (visible, count_gpus(args.expect_gpus))))
-        elif visible > args.expect_gpus:
+            findings.append(finding("fail", "gpu-count-low", "%d of %s visible" % (visible, count_gpus(expect_gpus)),
+                                    hint=hint, short="%d of %s visible" % (visible, count_gpus(expect_gpus))))
+        elif visible > expect_gpus:
             findings.append(finding("warn", "gpu-count-high",
-                                    "%s visible, %d expected" % (count_gpus(visible), args.expect_gpus),
+                                    "%s visible, %d expected" % (count_gpus(visible), expect_gpus),
                                     hint="update `gpus:` in hosts.yaml if the machine changed",
-                                    short="%s visible, %d expected" % (count_gpus(visible), args.expect_gpus)))
+                                    short="%s visible, %d expected" % (count_gpus(visible), expect_gpus)))
     for g in bad_rows:
         findings.append(gpu_finding("warn", "gpu-row-error", g, " could not be read: %s" % g["error"],
                                     short_rest=" unreadable"))
@@ -1422,6 +1434,7 @@ def analyse(data, args, findings):
                     "this PID namespace" % fmt_mib(used),
                     hint="run gpu-status on the host (or a container sharing its PID namespace) to see them",
                     short_rest=": %s held by processes not visible here" % fmt_mib(used)))
+    return findings
 
 
 def reset_hint(indices):
@@ -1633,7 +1646,8 @@ def run(args) -> dict:
                 f["action"] = x["action"]
                 findings.append(f)
 
-    analyse(data, args, findings)
+    data["gpu_count"] = len(answering(data))
+    findings.extend(judge(data, args.expect_gpus, args.expect_idle))
     for f in findings:
         if "action" not in f:
             f["action"] = "drain" if f["code"] == "no-nvidia-tools" and f["level"] == "fail" else \

@@ -383,8 +383,8 @@ def test_folding_keeps_gpus_apart_where_their_findings_differ():
     gpus = [{"index": i, "memory_used_mib": 61440 if i != 4 else 2048, "display_active": False}
             for i in range(8)]
     data = {"gpus": gpus, "processes": []}
-    findings = []
-    gs.analyse(data, gs.build_parser().parse_args([]), findings)
+    findings = gs.judge(data)
+    data["gpu_count"] = len(gs.answering(data))
     folded = gs.fold_gpu_findings(findings)
     assert [(f["message"].split(":")[0], f["gpus"]) for f in folded] == [
         ("GPUs 0-3,5-7", [0, 1, 2, 3, 5, 6, 7]), ("GPU 4", [4])]
@@ -396,14 +396,11 @@ def test_folding_keeps_gpus_apart_where_their_findings_differ():
 def test_folded_remap_hint_names_each_gpu():
     gpus = [{"index": i, "remapped_rows": {"pending": i in (1, 3), "correctable": 1, "uncorrectable": 0}}
             for i in range(4)]
-    findings = []
-    gs.analyse({"gpus": gpus, "processes": None}, gs.build_parser().parse_args([]), findings)
-    (f,) = gs.fold_gpu_findings(findings)
+    (f,) = gs.fold_gpu_findings(gs.judge({"gpus": gpus, "processes": None}))
     assert f["message"] == "GPUs 1,3: row remapping pending (1 correctable, 0 uncorrectable rows remapped)"
     assert f["hint"] == ("reset the GPU (`nvidia-smi -r -i N` for N in 1,3, no processes on it) or reboot "
                          "to apply the remap")
-    one = []
-    gs.analyse({"gpus": gpus[:2], "processes": None}, gs.build_parser().parse_args([]), one)
+    one = gs.judge({"gpus": gpus[:2], "processes": None})
     assert "`nvidia-smi -r -i 1`" in gs.fold_gpu_findings(one)[0]["hint"]
 
 
@@ -1356,3 +1353,29 @@ def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp
     r = fresh.run(fresh.build_parser().parse_args(args + [str(loud)]))
     assert [(x["xid"], x["fatal"]) for x in r["data"]["kernel_log"]["xids"]] == [(79, True)]
     assert fresh._XID_MODULE and fresh._XID_MODULE[0] is not None
+
+
+# --------------------------------------------------------------------------- the judge alone
+
+RECORDED = ROOT / "tests" / "integration" / "data" / "json_recorded.json"
+
+
+def test_the_judge_gives_the_recorded_findings_from_the_recorded_facts():
+    """gpu-status's --json of three lab targets (tests/integration/test_json_unchanged.py: the fake
+    nvidia-smi answering real H200 and RTX 2080 captures, one with a lost GPU): judging their
+    recorded ``data`` alone, with no binary run, gives each of their findings about the GPUs that
+    answered; what it does not give is what gathering found (the lost GPU's own finding)."""
+    import json as jsonlib
+    docs = jsonlib.loads(RECORDED.read_text())["gpu-status"]["stdout"]
+    assert {d["target"] for d in docs} == {"trainbox", "sickbox", "consumer"}
+    for doc in docs:
+        data = doc["data"]
+        judged = gs.fold_gpu_findings(gs.judge(data, data["expected_gpus"]))
+        recorded = {f["code"]: f for f in doc["findings"]}
+        for f in judged:
+            f.pop("_short", None)
+            assert dict(recorded[f["code"]], action=None) == dict(f, action=None), doc["target"]
+        assert set(recorded) - {f["code"] for f in judged} <= {"gpu-lost"}, doc["target"]
+    sick = next(d for d in docs if d["target"] == "sickbox")
+    assert [f["code"] for f in gs.judge(sick["data"], 8)] == ["gpu-count-low"]
+    assert gs.judge(sick["data"], 7) == []            # the expectation is the judge's input
