@@ -14,7 +14,8 @@ A team's diagnostic may import it too (docs/extending.md).
   for a PCI address however nvidia-smi or the kernel log wrote it;
 - ``read_text``: a sysfs file's text;
 - ``check_finding``, ``fold_gpus``: a node-check check's finding, and those that say the same
-  about several GPUs made one.
+  about several GPUs made one; ``merge_folds``: findings that differ in the device they name
+  alone made one (gpu-status, pcie, ib word the merged one again).
 """
 
 import os
@@ -140,6 +141,27 @@ def read_text(path):
             return fh.read().strip()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def merge_folds(findings):
+    """Findings that carry the same ``_fold`` key (what they say apart from the GPU or port they
+    name) made one, in the place of the first, its ``gpus`` and ``ports`` extended by the
+    others'; ``_fold`` is taken off every finding. Returns (the findings, {key: merged finding}):
+    the caller words each merged one again for the devices it now names ("GPUs 0-3,5-7: ...")."""
+    out, first = [], {}
+    for f in findings:
+        key = f.pop("_fold", None)
+        if key is None:
+            out.append(f)
+        elif key in first:
+            merged = first[key]
+            for k in ("gpus", "ports"):
+                if f.get(k):
+                    merged.setdefault(k, []).extend(f[k])
+        else:
+            first[key] = f
+            out.append(f)
+    return out, first
 
 
 def check_finding(check, level, code, message, action, gpus=None, hint=None, ports=None):

@@ -303,16 +303,7 @@ def fold_gpu_findings(findings):
     NOTE: folded here, where each message is built, and not by the renderer: only here is it
     known that two messages differ in their label alone (a renderer would have to parse it out
     of text a target sent), and --json keeps one finding with its GPUs instead of eight."""
-    out, first = [], {}
-    for f in findings:
-        key = f.pop("_fold", None)
-        if key is None:
-            out.append(f)
-        elif key in first:
-            first[key]["gpus"].extend(f["gpus"])
-        else:
-            first[key] = f
-            out.append(f)
+    out, first = _remote.merge_folds(findings)
     for (level, code, rest, hint, short_rest), f in first.items():
         if len(f["gpus"]) > 1:
             label = fmt_indices(f["gpus"])

@@ -67,6 +67,7 @@ from ``ofed_version()``.
 import os
 import re
 
+import _remote
 from _remote import read_text
 
 CHECK = "ib"
@@ -123,16 +124,7 @@ def port_finding(level, code, label, rest, action, hint=None):
 
 
 def fold_ports(findings):
-    out, first = [], {}
-    for f in findings:
-        key = f.pop("_fold", None)
-        if key is None:
-            out.append(f)
-        elif key in first:
-            first[key]["ports"].extend(f["ports"])
-        else:
-            first[key] = f
-            out.append(f)
+    out, first = _remote.merge_folds(findings)
     for (_, _, rest, _, _), f in first.items():
         if len(f["ports"]) > 1:
             f["message"] = ", ".join(f["ports"]) + rest

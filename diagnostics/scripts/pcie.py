@@ -48,6 +48,7 @@ GPUs nvidia-smi did not list) as ``pcie.<bdf>.width``, ``.max_width``, ``.gen``,
 import os
 import re
 
+import _remote
 from _remote import fmt_indices, read_text
 
 CHECK = "pcie"
@@ -290,19 +291,7 @@ def _int_expect(expect, key):
 def _fold(findings):
     """One finding per (level, code, text after the device label): GPUs folded into "GPUs 0-7",
     NICs into "0000:0c:00.0, 0000:12:00.0"."""
-    out, first = [], {}
-    for f in findings:
-        key = f.pop("_fold", None)
-        if key is None:
-            out.append(f)
-        elif key in first:
-            g = first[key]
-            for k in ("gpus", "ports"):
-                if f.get(k):
-                    g.setdefault(k, []).extend(f[k])
-        else:
-            first[key] = f
-            out.append(f)
+    out, first = _remote.merge_folds(findings)
     for (_, _, rest, _, _), f in first.items():
         if len(f.get("gpus") or []) > 1:
             f["gpus"] = sorted(set(f["gpus"]))

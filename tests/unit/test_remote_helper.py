@@ -69,3 +69,16 @@ def test_the_orders_and_the_small_helpers():
                  "gpus": [1, 3], "ports": ["a"]}
     g = dict(f, gpus=[0])
     assert remote.fold_gpus([f, g]) == [dict(f, gpus=[0, 1, 3])]
+
+
+def test_merge_folds_makes_findings_that_differ_only_in_their_device_one():
+    def about(device, kind, rest):
+        return {"level": "warn", "code": "c", "message": str(device) + rest, kind: [device],
+                "_fold": ("warn", "c", rest)}
+    plain = {"level": "info", "code": "p", "message": "m"}
+    out, first = remote.merge_folds([about(0, "gpus", ": hot"), plain, about(3, "gpus", ": hot"),
+                                     about("mlx5_0/1", "ports", " down"), about(1, "gpus", ": cold")])
+    assert [f["code"] for f in out] == ["c", "p", "c", "c"]       # each in its first one's place
+    assert out[0]["gpus"] == [0, 3] and out[2]["ports"] == ["mlx5_0/1"] and out[3]["gpus"] == [1]
+    assert set(first) == {("warn", "c", ": hot"), ("warn", "c", " down"), ("warn", "c", ": cold")}
+    assert not any("_fold" in f for f in out)
