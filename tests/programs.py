@@ -171,6 +171,30 @@ def findings_by_code(doc) -> dict:
     return {f["code"]: f for f in doc["findings"]}
 
 
+# Three targets in the lab's CT 200 (behind `pve: {address: main, become: sudo}`), each with the
+# fake nvidia-smi answering another capture: 8 healthy H200s, 8 H200s with one lost, one RTX
+# 2080. The entries of a `containers:` mapping, indented for the hosts.yaml the tests write.
+GPU_STATUS_CONTAINERS = """\
+      trainbox:
+        runtime: pct
+        id: "200"
+        python: /root/venv/bin/python
+        gpus: 8
+        env: {MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}
+      sickbox:
+        runtime: pct
+        id: "200"
+        python: /root/venv/bin/python
+        gpus: 8
+        env: {MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__gpu-lost}
+      consumer:
+        runtime: pct
+        id: "200"
+        python: /root/venv/bin/python
+        env: {MLDIAG_FAKE_NVIDIA_SMI: linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05}
+"""
+
+
 FAKE_NVIDIA_SMI = Path(REPO) / "tests" / "fakes" / "nvidia-smi"
 NVIDIA_SMI_CAPTURES = Path(REPO) / "tests" / "fixtures" / "nvidia-smi"
 

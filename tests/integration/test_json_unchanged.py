@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import programs
+from tests.programs import GPU_STATUS_CONTAINERS
 from tests.integration.test_diagnostics_remote import ml_hosts  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +82,10 @@ def normalized(value, lab):
     return value
 
 
+# the fake-GPU targets of CT 200, indented under this file's `containers:`
+GPU_CONTAINERS = textwrap.indent(GPU_STATUS_CONTAINERS, "        ").rstrip("\n")
+
+
 @pytest.fixture(scope="module")
 def hosts_file(lab, node_cts):
     ct = {"runtime": "pct", "python": "/usr/bin/python3",
@@ -95,23 +100,7 @@ def hosts_file(lab, node_cts):
             address: main
             become: sudo
             containers:
-              trainbox:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                gpus: 8
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}}
-              sickbox:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                gpus: 8
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__gpu-lost}}
-              consumer:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05}}
+{GPU_CONTAINERS}
               h200-ok: {json.dumps({**ct, "id": "210"})}
               h200-bad: {json.dumps({**ct, "id": "211"})}
         groups:

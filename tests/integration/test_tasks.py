@@ -6,9 +6,13 @@ import textwrap
 
 import pytest
 
-from tests.programs import mldiag
+from tests.programs import GPU_STATUS_CONTAINERS, mldiag
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# the fake-GPU targets of CT 200, indented under this file's `containers:`
+GPU_CONTAINERS = textwrap.indent(GPU_STATUS_CONTAINERS, "        ").rstrip("\n")
 
 
 @pytest.fixture(scope="module")
@@ -23,23 +27,7 @@ def hosts_file(lab):
             address: main
             become: sudo
             containers:
-              trainbox:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                gpus: 8
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__healthy}}
-              sickbox:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                gpus: 8
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__gpu-lost}}
-              consumer:
-                runtime: pct
-                id: "200"
-                python: /root/venv/bin/python
-                env: {{MLDIAG_FAKE_NVIDIA_SMI: linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05}}
+{GPU_CONTAINERS}
         groups:
           fleet: [trainbox, sickbox]
         """))
