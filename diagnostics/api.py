@@ -117,7 +117,10 @@ def run(task: str, hosts: Hosts = None, group: Hosts = None, hosts_file: Optiona
     config = getattr(config, "config", config)
     hosts_file = hosts_file or execute.configured(config, "hosts_file")
     found = registry.current()
-    if task not in found.specs and task not in BUILTIN.specs:
+    if task not in found.specs and task in BUILTIN.specs:
+        found = BUILTIN     # nothing installed yet (a team's registry holds the built-ins too)
+        registry.use(found)
+    elif task not in found.specs:
         found = registry_for(hosts_file)
     if task not in found.specs:
         raise ApiError(registry.unknown(task), 4)

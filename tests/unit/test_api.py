@@ -48,6 +48,17 @@ def test_a_built_in_with_its_flags_and_the_exit_code_of_the_worst(checks):
                                   level="fail")) == 2
 
 
+def test_a_caller_that_installed_nothing_runs_a_built_in_and_a_teams(checks):
+    """The engine installs no registry itself: api.run, called first thing in a process, installs
+    the built-ins for a built-in task, and finds the team's for a team task."""
+    _, hosts = checks
+    registry.use(registry.Registry({}))
+    got = api.run("scan-log", hosts="here", hosts_file=str(hosts), path=str(hosts), lines=5)
+    assert got["here"]["diagnostic"] == "scan-log" and "scan-log" in registry.current().specs
+    registry.use(registry.Registry({}))
+    assert api.run("probe", hosts="here", hosts_file=str(hosts), level="warn").status == "warn"
+
+
 @pytest.mark.parametrize("call, cli_argv, code", [
     (dict(task="probe", hosts="nosuchbox"), ["probe", "-H", "nosuchbox"], 4),
     (dict(task="gpu-stats"), None, 4),
