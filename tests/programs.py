@@ -226,6 +226,26 @@ def run_fake_nvidia_smi(*argv, capture: Optional[str] = None) -> subprocess.Comp
                           capture_output=True, text=True, env=env, timeout=60)
 
 
+def codes(findings) -> list:
+    """The codes of ``findings`` (dicts, as a script or a document has them), in their order."""
+    return [f["code"] for f in findings]
+
+
+def level_codes(findings) -> list:
+    """``(level, code)`` of each of ``findings`` (dicts), in their order."""
+    return [(f["level"], f["code"]) for f in findings]
+
+
+def result_of(diagnostic: str, target: str = "t", *findings, status=None, summary: str = "", data=None):
+    """A result as the engine hands it on: ``findings`` (core Findings), ``status`` by default
+    their worst level as a status (``ok`` without any)."""
+    from diagnostics.core.results import STATUSES, Result, level_rank
+    if status is None:
+        status = STATUSES[max([0] + [level_rank(f.level) for f in findings])]
+    return Result(diagnostic=diagnostic, target=target, status=status, summary=summary,
+                  findings=list(findings), data=data if data is not None else {})
+
+
 def node_check_finding(code: str, action: str, level: str = "fail"):
     """A node-check finding that asks for ``action`` (drain, undrain and the Prometheus file
     read only those)."""
@@ -235,9 +255,7 @@ def node_check_finding(code: str, action: str, level: str = "fail"):
 
 def node_check_result(target: str, status: str = "ok", *findings, data=None):
     """A node-check result of ``target`` with ``findings``, as the engine hands it on."""
-    from diagnostics.core.results import Result
-    return Result(diagnostic="node-check", target=target, status=status, summary="",
-                  findings=list(findings), data=data or {})
+    return result_of("node-check", target, *findings, status=status, data=data)
 
 
 def script_imports(path, *, module_level: bool = False) -> set:

@@ -15,9 +15,13 @@ A team's diagnostic may import it too (docs/extending.md).
 - ``read_text``: a sysfs file's text;
 - ``check_finding``, ``fold_gpus``: a node-check check's finding, and those that say the same
   about several GPUs made one; ``merge_folds``: findings that differ in the device they name
-  alone made one (gpu-status, pcie, ib word the merged one again).
+  alone made one (gpu-status, pcie, ib word the merged one again);
+- ``Tool``: what one run of an external tool came to, as the checks and xid.py's kernel-log
+  reader read it; ``tool_problem``: the finding an NVIDIA tool that did not answer makes;
+- ``load_xid``: xid.py beside a script, with its catalog.
 """
 
+import collections
 import os
 import sys
 
@@ -189,3 +193,38 @@ def fold_gpus(findings):
         seen[key] = f
         out.append(f)
     return out
+
+
+# ``status``: "ok" (it ran and exited ``rc``), "missing" (not found, or could not be started),
+# "timeout" (killed after its time), "skipped" (it hung earlier in this run: not called again)
+Tool = collections.namedtuple("Tool", "status rc out err seconds")
+
+WEDGED_DRIVER_HINT = ("nvidia-smi stuck (often in D state) means the driver is wedged: see the kernel "
+                      "log for Xid 79/NVRM errors; a reboot clears it")
+
+
+def tool_problem(check, tool, argv, timeout, what="nvidia-smi"):
+    """The one finding of check ``check`` that a ``what`` call (``argv``) that did not answer
+    makes, or None when it ran: hung (fail, reboot), hung earlier or missing (not checked)."""
+    if tool.status == "timeout":
+        return check_finding(check, "fail", "tool-hung", "`%s` did not answer within %g s" % (" ".join(argv), timeout),
+                             "reboot", hint=WEDGED_DRIVER_HINT)
+    if tool.status == "skipped":
+        return check_finding(check, "info", "not-checked", "not checked: %s hung earlier in this run" % what, "none")
+    if tool.status == "missing":
+        return check_finding(check, "info", "not-checked", "not checked: %s not found" % what, "none")
+    return None
+
+
+def load_xid(directory, with_catalog=True):
+    """xid.py from ``directory`` (shipped beside every script that reads Xids, with
+    xid_catalog.json), its catalog loaded unless ``with_catalog`` is false; None when either is
+    missing or unreadable. Both cached: the module by load_companion, the catalog by
+    xid.load_catalog."""
+    try:
+        module = load_companion(directory, "xid.py", "mldiag_xid")
+        if module is not None and with_catalog:
+            module.load_catalog()
+        return module
+    except (ImportError, OSError, ValueError, SyntaxError, KeyError):
+        return None

@@ -17,8 +17,8 @@ Runs on the target, standard library only, Python 3.8+. Sources, in order:
 3. Neither: a finding that says so, or that the machine has AMD (``amd-smi``/``rocm-smi``) or
    Gaudi (``hl-smi``) accelerators, which this diagnostic does not support yet.
 
-Then the kernel log (``/dev/kmsg``, ``dmesg``, ``journalctl -k``; best effort, bounded in time)
-is scanned for NVIDIA Xid lines.
+Then the kernel log (``/dev/kmsg``, ``dmesg``, ``journalctl -k``; best effort, bounded in time;
+read while nvidia-smi answers, by xid.py's reader) is scanned for NVIDIA Xid lines by xid.py.
 
 The result always carries ``status`` (worst finding level; ``info`` counts as ``ok``).
 ``data``: source ("nvidia-smi" | "nvml" | None), gpu_count (GPUs that answered), expected_gpus,
@@ -76,17 +76,17 @@ xid-fatal                   fail   catalog    an Xid whose action in xid_catalog
                                               (xid.py's rules: e.g. 79 reboot, 48 reset-gpu, 48 with
                                               63/64 drain)
 xid                         warn   catalog    any other Xid (13/31/43/94: app; 63/92: monitor); without
-                                              xid.py beside this script: "Xid N (catalog not shipped)", monitor
+                                              xid_catalog.json beside xid.py: "Xid N (catalog not shipped)", monitor
 ==========================  =====  =========  ==================================================
 
-Xid naming, severity and action come from xid.py and xid_catalog.json, shipped beside this
-script (one catalog for node-check, gpu-status and scan-log); run by hand without them, the
-Xids are still listed, unclassified.
+The kernel log's reader, its Xid parser, and Xid naming, severity and action come from xid.py
+and xid_catalog.json, shipped beside this script (one reader and one catalog for node-check,
+gpu-status and scan-log); run by hand without xid.py, the kernel log is not read (``kernel_log``
+says so), without the catalog the Xids are listed unclassified.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -173,7 +173,6 @@ CODE_ACTION = {
     "xid-fatal": "reset-gpu", "xid": "monitor",
 }
 # An Xid line, for when xid.py is not beside this script (run by hand).
-XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?")
 
 # The query: logical key -> nvidia-smi field names, newest first (an older driver knows the last).
 QUERY_FIELDS = [
@@ -1130,106 +1129,32 @@ class Background(object):
         return self._value
 
 
-def read_kernel_log(budget_s=KERNEL_LOG_BUDGET_S):
-    """(source, text) from /dev/kmsg, dmesg or journalctl -k; (None, why) when none is readable."""
-    why = []
-    t0 = time.monotonic()
-    refused = False
-    try:
-        return "/dev/kmsg", _read_kmsg(t0 + budget_s)
-    except OSError as e:
-        why.append("/dev/kmsg: %s" % (e.strerror or e))
-        refused = e.errno in (errno.EPERM, errno.EACCES)
-    for argv in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"]):
-        exe = which(argv[0])
-        left = t0 + budget_s - time.monotonic()
-        if exe and argv[0] == "dmesg" and refused and not _privileged(exe):
-            # kernel.dmesg_restrict refuses dmesg's syslog(2) as it refused /dev/kmsg: a
-            # process that can only fail (on every non-root call of an ordinary host)
-            why.append("dmesg: not run (dmesg_restrict: it reads the buffer /dev/kmsg refused)")
-            continue
-        if exe and argv[0] == "journalctl" and not system_journal_readable():
-            # kernel messages are only in the system journal: without it journalctl -k can
-            # only print nothing (it says why on stderr)
-            why.append("journalctl: not run (no system journal readable by this user in %s)"
-                       % " or ".join(JOURNAL_DIRS))
-            continue
-        if not exe or left <= 0.2:
-            why.append("%s: %s" % (argv[0], "not found" if not exe else "no time left"))
-            continue
-        run = run_tools([[exe] + argv[1:]], left)[0]
-        if run.ok and run.stdout.strip():
-            return argv[0], run.stdout[-KERNEL_LOG_MAX_BYTES:]
-        why.append("%s: %s" % (argv[0], "timed out" if run.timed_out else
-                                first_line(run.output) or "exit %s" % run.returncode))
-    return None, "; ".join(why)
+def kernel_log_tool(argv, timeout):
+    """xid.read_kernel_log's ``run_tool``: one command through this script's spawn, its outcome
+    as a ``_remote.Tool``."""
+    exe = which(argv[0])
+    if exe is None:
+        return _remote.Tool("missing", None, "", "", 0.0)
+    run = run_tools([[exe] + argv[1:]], timeout)[0]
+    if run.start_error:
+        return _remote.Tool("missing", None, "", run.start_error, run.duration_s)
+    if run.timed_out:
+        return _remote.Tool("timeout", None, run.stdout, run.stderr, run.duration_s)
+    return _remote.Tool("ok", run.returncode, run.stdout, run.stderr, run.duration_s)
 
 
-JOURNAL_DIRS = ("/var/log/journal", "/run/log/journal")   # journald's Storage= persistent, volatile
+HERE = os.path.dirname(os.path.abspath(__file__))
+NO_XID_PY = "xid.py is not beside gpu_status.py: the kernel log is not read"
 
 
-def system_journal_readable(dirs=JOURNAL_DIRS, readable=lambda path: os.access(path, os.R_OK)):
-    """Whether journalctl could show this user a kernel message: some machine's system journal
-    (``system.journal``, archived ``system@...journal``) that ``readable`` says we may read
-    (``os.access`` honours the ACLs journald gives the adm and wheel groups)."""
-    for base in dirs:
-        try:
-            machines = os.listdir(base)
-        except OSError:
-            continue
-        for machine in machines:
-            try:
-                names = os.listdir(os.path.join(base, machine))
-            except OSError:
-                continue
-            for name in names:
-                if name.startswith("system") and name.endswith((".journal", ".journal~")) \
-                        and readable(os.path.join(base, machine, name)):
-                    return True
-    return False
-
-
-def _privileged(exe):
-    """A setuid ``dmesg``, or one with file capabilities (CAP_SYSLOG), may read what we may not."""
-    try:
-        if os.stat(exe).st_mode & 0o4000:     # S_ISUID
-            return True
-        os.getxattr(exe, "security.capability")
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-def _read_kmsg(deadline):
-    """All records in the kernel ring buffer, read without blocking, as dmesg-like lines."""
-    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    lines = []
-    total = 0
-    try:
-        while time.monotonic() < deadline and total < KERNEL_LOG_MAX_BYTES:
-            try:
-                rec = os.read(fd, 16384)
-            except BlockingIOError:
-                break  # EAGAIN: the end of the buffer
-            except OSError as e:
-                if e.errno == errno.EPIPE:  # overwritten while reading: go on with the next
-                    continue
-                if e.errno == errno.EINVAL:
-                    break
-                raise
-            if not rec:
-                break
-            total += len(rec)
-            text = rec.decode("utf-8", "replace")
-            head, _, msg = text.partition(";")
-            parts = head.split(",")
-            ts = ""
-            if len(parts) >= 3 and parts[2].isdigit():
-                ts = "[%12.6f] " % (int(parts[2]) / 1e6)
-            lines.append(ts + msg.split("\n", 1)[0])
-    finally:
-        os.close(fd)
-    return "\n".join(lines)
+def read_kernel_log(path=None, budget_s=KERNEL_LOG_BUDGET_S):
+    """xid.py's reader (``{"source", "text", "error", "hung"}``): the file at ``path``, else this
+    boot's log within ``budget_s``. Loads xid.py, not its catalog (a healthy log needs none)."""
+    xm = _remote.load_xid(HERE, with_catalog=False)
+    if xm is None:
+        return {"source": None, "text": "", "error": NO_XID_PY, "hung": []}
+    return xm.read_kernel_log(kernel_log_tool, since=None, path=path, timeout=budget_s,
+                              max_bytes=KERNEL_LOG_MAX_BYTES)
 
 
 def xid_gpus(pcis, data):
@@ -1242,55 +1167,33 @@ def xid_gpus(pcis, data):
     return [by_pci[k] for k in (pci_key(p) for p in pcis) if k in by_pci]
 
 
-_XID_MODULE = []
-
-
-def load_xid():
-    """xid.py from this script's directory (the bundle ships it there with xid_catalog.json, and
-    the run's temp dir is on sys.path), its catalog loaded; None when either is missing."""
-    if not _XID_MODULE:
-        mod = None
-        try:
-            mod = _remote.load_companion(os.path.dirname(os.path.abspath(__file__)), "xid.py", "mldiag_xid")
-            if mod is not None:
-                mod.load_catalog()
-        except (ImportError, OSError, ValueError, SyntaxError, KeyError):
-            mod = None
-        _XID_MODULE.append(mod)
-    return _XID_MODULE[0]
-
-
 def scan_xids(text, gpus=None):
     """Kernel log text -> [{"xid", "name", "fatal", "action", "count", "pci", "first", "last"}], by
-    Xid number; name/fatal/action from xid_catalog.json (fatal: its action is reset-gpu or worse;
-    the worst action over the Xid's GPUs, 48 with 63/64 on one GPU: drain). ``gpus``: the
-    inventory as node-check passes it ({"index", "pci"}). Without xid.py: name "catalog not
-    shipped", not fatal, action monitor."""
+    Xid number, as xid.py reads them; name/fatal/action from xid_catalog.json (fatal: its action
+    is reset-gpu or worse; the worst action over the Xid's GPUs, 48 with 63/64 on one GPU:
+    drain). ``gpus``: the inventory as node-check passes it ({"index", "pci"}). Without the
+    catalog: name "catalog not shipped", not fatal, action monitor."""
     if "NVRM" not in text:
         # every Xid line (and "fallen off the bus", read as Xid 79) is an NVRM line: a healthy
-        # node's log costs no load of xid.py and its catalog (a compile and a parse each run)
+        # node's log costs no load of the catalog (a parse each run)
+        return []
+    xm = _remote.load_xid(HERE, with_catalog=False)
+    if xm is None:
         return []
     lines = text.splitlines()
-    xm = load_xid()
-    if xm is None:
-        hits = []
-        for n, line in enumerate(lines, 1):
-            m = XID_RE.search(line)
-            if m:
-                hits.append((int(m.group(2)), m.group(1), n))
-        actions = {}
-    else:
-        events = [e for e in xm.parse_kernel_log(text) if e["kind"] == "xid"]
-        hits = [(e["code"], e["pci"], e["line"]) for e in events]
-        actions = {}
+    events = [e for e in xm.parse_kernel_log(text) if e["kind"] == "xid"]
+    classified = _remote.load_xid(HERE) is not None
+    actions = {}
+    if classified:
         for f in xm.classify(events, gpus or []):
             code = int(f["code"].split("-", 1)[1])
             actions[code] = xm.worst_action([actions.get(code, "none"), f["action"]])
     by_xid = {}
-    for code, pci, n in hits:
+    for ev in events:
+        code, pci, n = ev["code"], ev["pci"], ev["line"]
         e = by_xid.get(code)
         if e is None:
-            if xm is None:
+            if not classified:
                 name, action, fatal = "catalog not shipped", "monitor", False
             else:
                 name, action = xm.xid_info(code)["name"], actions.get(code, "monitor")
@@ -1609,22 +1512,19 @@ def run(args) -> dict:
                 findings.extend(no_tools_findings(None, args.expect_gpus))
 
     if not args.no_kernel_log:
-        if args.kernel_log_file:
-            try:
-                with open(args.kernel_log_file, "r", encoding="utf-8", errors="replace") as f:
-                    source, text = args.kernel_log_file, f.read(KERNEL_LOG_MAX_BYTES)
-            except OSError as e:
-                source, text = None, "%s: %s" % (args.kernel_log_file, e.strerror or e)
-        else:
-            source, text = live_log.result()
+        got = live_log.result() if live_log else read_kernel_log(args.kernel_log_file)
+        source = got["source"]
+        if source is not None and source.startswith("file:"):
+            source = source[len("file:"):]          # gpu-status has always named the file alone
         if source is None:
-            data["kernel_log"] = {"source": None, "error": text}
+            data["kernel_log"] = {"source": None, "error": got["error"]}
         else:
+            text = got["text"]
             inventory = [{"index": g.get("index"), "pci": g.get("pci_bus_id")}
                          for g in (data.get("gpus") or []) + (data.get("lost_gpus") or [])]
             xids = scan_xids(text, inventory)
             data["kernel_log"] = {"source": source, "xids": xids}
-            xm = load_xid() if xids else None
+            xm = _remote.load_xid(HERE) if xids else None
             for x in xids:
                 what = "Xid %d%s" % (x["xid"], " (%s)" % x["name"] if x["name"] else "")
                 f = finding(

@@ -30,7 +30,6 @@ Every finding carries ``action``: none < monitor < app < reset-gpu < reboot < dr
 Run by hand: python3 node_check.py [--expect '{"gpus": 8, "ib_rate": 400}'] [--no-dcgm]
 """
 
-import collections
 import json
 import logging
 import os
@@ -61,7 +60,7 @@ INVENTORY_FIELDS = ("index", "pci.bus_id", "name", "serial", "uuid", "vbios_vers
 
 log = logging.getLogger("node-check")
 
-Tool = collections.namedtuple("Tool", "status rc out err seconds")
+Tool = _remote.Tool
 
 
 def build_parser():

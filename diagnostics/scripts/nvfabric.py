@@ -34,7 +34,7 @@ import time
 
 import _remote
 
-Tool = collections.namedtuple("Tool", "status rc out err seconds")
+Tool = _remote.Tool
 
 CHECK = "fabric"
 DEFAULT_TIMEOUT = 10.0
@@ -183,15 +183,7 @@ fold = _remote.fold_gpus
 
 
 def tool_problem(tool, argv, timeout, what="nvidia-smi"):
-    if tool.status == "timeout":
-        return finding("fail", "tool-hung", "`%s` did not answer within %g s" % (" ".join(argv), timeout),
-                       "reboot", hint="nvidia-smi stuck (often in D state) means the driver is wedged: "
-                                      "see the kernel log for Xid 79/NVRM errors; a reboot clears it")
-    if tool.status == "skipped":
-        return finding("info", "not-checked", "not checked: %s hung earlier in this run" % what, "none")
-    if tool.status == "missing":
-        return finding("info", "not-checked", "not checked: %s not found" % what, "none")
-    return None
+    return _remote.tool_problem(CHECK, tool, argv, timeout, what)
 
 
 def gpu_indices(query, gpus):

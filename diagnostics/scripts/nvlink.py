@@ -44,7 +44,7 @@ import re
 
 import _remote
 
-Tool = collections.namedtuple("Tool", "status rc out err seconds")
+Tool = _remote.Tool
 
 CHECK = "nvlink"
 DEFAULT_TIMEOUT = 10.0
@@ -214,18 +214,8 @@ def finding(level, code, message, action, gpus=None, hint=None, ports=None):
 fold = _remote.fold_gpus
 
 
-def tool_problem(tool, argv, timeout):
-    """The one finding a tool that did not answer makes, or None when it ran."""
-    cmd = " ".join(argv)
-    if tool.status == "timeout":
-        return finding("fail", "tool-hung", "`%s` did not answer within %g s" % (cmd, timeout), "reboot",
-                       hint="nvidia-smi stuck (often in D state) means the driver is wedged: see the "
-                            "kernel log for Xid 79/NVRM errors; a reboot clears it")
-    if tool.status == "skipped":
-        return finding("info", "not-checked", "not checked: nvidia-smi hung earlier in this run", "none")
-    if tool.status == "missing":
-        return finding("info", "not-checked", "not checked: nvidia-smi not found", "none")
-    return None
+def tool_problem(tool, argv, timeout, what="nvidia-smi"):
+    return _remote.tool_problem(CHECK, tool, argv, timeout, what)
 
 
 def _links_list(links):

@@ -119,22 +119,13 @@ KINDS = collections.OrderedDict([
 
 KIND_ACTION = {"traceback": "app", "empty-error": "app", "nan-loss": "app", "cuda-oom": "app",
                "nccl": "app", "xid-fatal": "reset-gpu", "xid": "monitor", "killed": "app"}
-_XID_MODULE = []
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load_xid():
     """xid.py from this script's directory (shipped there with xid_catalog.json), its catalog
     loaded; None when either is missing (the script still runs, Xids unclassified)."""
-    if not _XID_MODULE:
-        mod = None
-        try:
-            mod = _remote.load_companion(os.path.dirname(os.path.abspath(__file__)), "xid.py", "mldiag_xid")
-            if mod is not None:
-                mod.load_catalog()
-        except (ImportError, OSError, ValueError, SyntaxError, KeyError):
-            mod = None
-        _XID_MODULE.append(mod)
-    return _XID_MODULE[0]
+    return _remote.load_xid(HERE)
 
 
 _TB_HEADER = re.compile(r"^(.*?)Traceback \(most recent call last\):\s*$")

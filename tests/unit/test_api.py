@@ -12,20 +12,12 @@ from invoke import Collection, Config, Context, Exit
 from diagnostics import api
 from diagnostics.engine import registry
 from tests.programs import mldiag
-from tests.unit.test_team import checks  # noqa: F401 (a fixture: the team directory)
 
 
 def same_documents(a, b):
     """Documents equal but for the run's own duration."""
     strip = [{k: v for k, v in doc.items() if k != "duration_s"} for doc in a]
     return strip == [{k: v for k, v in doc.items() if k != "duration_s"} for doc in b]
-
-
-@pytest.fixture(autouse=True)
-def registry_back():
-    previous = registry.current()
-    yield
-    registry.use(previous)
 
 
 def test_run_gives_the_documents_json_gives_and_prints_nothing(checks, capsys):

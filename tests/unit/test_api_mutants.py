@@ -17,14 +17,6 @@ from diagnostics.engine import execute, registry, team
 from diagnostics.builtin import BUILTIN
 from diagnostics.core.outcome import Outcome
 from diagnostics.cli.tasks import COMMON_HELP, diagnostic_task
-from tests.unit.test_team import checks  # noqa: F401 (a fixture: the team directory)
-
-
-@pytest.fixture(autouse=True)
-def registry_back():
-    previous = registry.current()
-    yield
-    registry.use(previous)
 
 
 @pytest.fixture

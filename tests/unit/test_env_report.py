@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import SCRIPTS, load_script
-from tests.programs import script_imports
+from tests.programs import level_codes, script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "env_report.py"
@@ -407,7 +407,8 @@ def _gpu_box_data():
 
 
 def codes(d):
-    return [(f["level"], f["code"]) for f in er.findings_for(d)]
+    """(level, code) of what env-report finds in its data ``d``."""
+    return level_codes(er.findings_for(d))
 
 
 def test_healthy_gpu_box_has_no_findings():

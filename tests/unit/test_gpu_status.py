@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.programs import load_module, load_script
-from tests.programs import fake_nvidia_smi_module, script_imports
+from tests.programs import fake_nvidia_smi_module, level_codes, script_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "diagnostics" / "scripts" / "gpu_status.py"
@@ -79,7 +79,8 @@ def gpu_status(*argv, capture=H100, phase="idle", exit=None, hang=None, log=None
 
 
 def codes(result):
-    return sorted((f["level"], f["code"]) for f in result["findings"])
+    """The result's (level, code) pairs, sorted: what the findings are, whatever their order."""
+    return sorted(level_codes(result["findings"]))
 
 
 def fake(*argv, env=None):
@@ -969,15 +970,34 @@ def test_dbe_with_a_row_remap_on_the_same_gpu_drains(smi_env, monkeypatch):
     assert fatal[0]["message"].startswith("Xid 48 (Double Bit ECC Error) seen 1 time in the kernel log (0000:19:00)")
 
 
-def test_without_xid_py_beside_it_the_xids_are_listed_unclassified(tmp_path, monkeypatch):
-    """Run by hand from a directory without xid.py: "Xid N (catalog not shipped)", no crash."""
+def test_without_xid_py_beside_it_the_kernel_log_is_not_read(tmp_path):
+    """Run by hand from a directory without xid.py (the kernel log's one reader and parser):
+    ``kernel_log`` says so, no crash, no Xid finding."""
     alone = tmp_path / "gpu_status.py"
     alone.write_text(SCRIPT.read_text())
     lone = load_module(alone, "mldiag_test_gpu_status_alone")
     log = tmp_path / "k.log"
     log.write_text("[ 3.0] NVRM: Xid (PCI:0000:ba:00): 79, pid=1, GPU has fallen off the bus.\n")
-    r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off",
-                                                 "--kernel-log-file", str(log)]))
+    for kernel_log in (["--kernel-log-file", str(log)], []):
+        r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off"]
+                                                    + kernel_log))
+        assert r["data"]["kernel_log"] == {"source": None, "error": lone.NO_XID_PY}
+        assert not [f for f in r["findings"] if f["code"].startswith("xid")]
+
+
+def test_without_the_catalog_the_xids_are_listed_unclassified(tmp_path):
+    """xid.py beside it without xid_catalog.json: "Xid N (catalog not shipped)", monitor."""
+    for name in ("gpu_status.py", "xid.py"):
+        (tmp_path / name).write_text((SCRIPT.parent / name).read_text())
+    lone = load_module(tmp_path / "gpu_status.py", "mldiag_test_gpu_status_no_catalog")
+    log = tmp_path / "k.log"
+    log.write_text("[ 3.0] NVRM: Xid (PCI:0000:ba:00): 79, pid=1, GPU has fallen off the bus.\n")
+    try:
+        r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off",
+                                                     "--kernel-log-file", str(log)]))
+    finally:
+        sys.modules.pop("mldiag_xid", None)     # the next script loads the shipped xid.py again
+    assert r["data"]["kernel_log"]["source"] == str(log)
     (f,) = [f for f in r["findings"] if f["code"].startswith("xid")]
     assert (f["code"], f["level"], f["action"]) == ("xid", "warn", "monitor")
     assert f["message"].startswith("Xid 79 (catalog not shipped) seen 1 time in the kernel log (0000:ba:00)")
@@ -985,9 +1005,10 @@ def test_without_xid_py_beside_it_the_xids_are_listed_unclassified(tmp_path, mon
 
 def test_live_kernel_log_is_bounded():
     t0 = time.monotonic()
-    source, text = gs.read_kernel_log(budget_s=2)
+    got = gs.read_kernel_log(budget_s=2)
     assert time.monotonic() - t0 < 4
-    assert source in ("/dev/kmsg", "dmesg", "journalctl", None)
+    assert got["source"] in ("/dev/kmsg", "dmesg", "journalctl", None)
+    text = got["text"]
     gs.scan_xids(text)  # whatever this machine logged, it parses
 
 
@@ -1089,7 +1110,8 @@ def test_the_live_kernel_log_is_read_while_nvidia_smi_answers(smi_env, monkeypat
 
     def read_log():
         reading.set()
-        return "dmesg", "[ 5.0] NVRM: Xid (PCI:0000:19:00): 79, pid=1, GPU has fallen off the bus.\n"
+        return {"source": "dmesg", "error": None, "hung": [],
+                "text": "[ 5.0] NVRM: Xid (PCI:0000:19:00): 79, pid=1, GPU has fallen off the bus.\n"}
 
     monkeypatch.setattr(gs, "collect_nvidia_smi", collect)
     monkeypatch.setattr(gs, "read_kernel_log", read_log)
@@ -1167,6 +1189,11 @@ def test_nvidia_smi_exit_codes_have_their_action(code, action):
     assert (f["code"], f["action"]) == ("nvidia-smi-failed", action)
 
 
+def xid_py():
+    """The xid.py gpu-status reads the kernel log through (its reader's state is patched there)."""
+    return gs._remote.load_xid(gs.HERE, with_catalog=False)
+
+
 @pytest.mark.parametrize("kmsg_errno,setuid,called", [
     (1, False, ["journalctl"]),            # EPERM: dmesg_restrict; dmesg would be refused alike
     (13, False, ["journalctl"]),           # EACCES
@@ -1189,11 +1216,12 @@ def test_dmesg_is_not_run_where_dmesg_restrict_refused_the_kernel_log(
     monkeypatch.setenv("MLDIAG_FAKE_KLOG", str(tmp_path / "empty.log"))
     (tmp_path / "empty.log").write_text("")
 
-    def kmsg(deadline):
+    def kmsg(deadline, max_bytes):
         raise OSError(kmsg_errno, os.strerror(kmsg_errno))
-    monkeypatch.setattr(gs, "_read_kmsg", kmsg)
-    monkeypatch.setattr(gs, "system_journal_readable", lambda: True)
-    source, why = gs.read_kernel_log(budget_s=20)
+    monkeypatch.setattr(xid_py(), "read_kmsg", kmsg)
+    monkeypatch.setattr(xid_py(), "system_journal_readable", lambda: True)
+    got = gs.read_kernel_log(budget_s=20)
+    source, why = got["source"], got["error"]
     made = [json.loads(line)[0] for line in calls.read_text().splitlines()]
     assert made == called and source is None
     assert why.startswith(f"/dev/kmsg: {os.strerror(kmsg_errno)}; dmesg: ")
@@ -1211,27 +1239,13 @@ def test_journalctl_is_not_run_without_a_system_journal_this_user_may_read(tmp_p
     monkeypatch.setenv("MLDIAG_FAKE_KLOG_LOG", str(calls))
     monkeypatch.setenv("MLDIAG_FAKE_KLOG", str(tmp_path / "empty.log"))
     (tmp_path / "empty.log").write_text("")
-    monkeypatch.setattr(gs, "_read_kmsg", lambda deadline: (_ for _ in ()).throw(OSError(1, "no")))
-    monkeypatch.setattr(gs, "JOURNAL_DIRS", (str(tmp_path / "none"),))
-    source, why = gs.read_kernel_log(budget_s=20)
+    monkeypatch.setattr(xid_py(), "read_kmsg", lambda deadline, max_bytes: (_ for _ in ()).throw(OSError(1, "no")))
+    monkeypatch.setattr(xid_py(), "JOURNAL_DIRS", (str(tmp_path / "none"),))
+    got = gs.read_kernel_log(budget_s=20)
+    source, why = got["source"], got["error"]
     assert source is None and not calls.exists()
     assert why.endswith(f"journalctl: not run (no system journal readable by this user in "
                         f"{tmp_path / 'none'})")
-
-
-def test_a_system_journal_is_found_where_journald_keeps_it(tmp_path):
-    persistent, volatile = tmp_path / "var", tmp_path / "run"
-    (persistent / "0a1b").mkdir(parents=True)
-    (persistent / "0a1b" / "user-1000.journal").write_text("")
-    dirs = (str(persistent), str(volatile))
-    everything = lambda path: True  # noqa: E731
-    assert not gs.system_journal_readable(dirs, everything)      # a user's own journal only
-    (volatile / "0a1b").mkdir(parents=True)
-    archived = volatile / "0a1b" / "system@00061c-5c.journal~"
-    archived.write_text("")
-    assert gs.system_journal_readable(dirs, everything)
-    assert not gs.system_journal_readable(dirs, lambda path: path != str(archived))
-    assert gs.system_journal_readable(dirs, lambda path: path == str(archived))
 
 
 # --------------------------------------------------------------------------- the tool runner
@@ -1338,8 +1352,15 @@ def test_which_finds_what_shutil_which_finds(tmp_path, monkeypatch):
 
 def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp_path):
     """Every Xid line, and "fallen off the bus", is an NVRM line: a healthy node's kernel log
-    is read without loading xid.py and its catalog; one NVRM line loads them as before."""
+    is read without loading the Xid catalog; one NVRM line loads it."""
     fresh = load_module(SCRIPT, "mldiag_test_gpu_status_no_nvrm")
+    asked = []
+    real_load_xid = fresh._remote.load_xid
+
+    def load_xid(directory, with_catalog=True):
+        asked.append(with_catalog)
+        return real_load_xid(directory, with_catalog)
+    monkeypatch.setattr(fresh._remote, "load_xid", load_xid)
     monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H100)
     quiet = tmp_path / "quiet.log"
     quiet.write_text("[ 1.0] usb 1-1: new high-speed USB device\n[ 2.0] EXT4-fs (sda1): mounted\n")
@@ -1347,12 +1368,12 @@ def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp
     r = fresh.run(fresh.build_parser().parse_args(args + [str(quiet)]))
     assert r["data"]["kernel_log"] == {"source": str(quiet), "xids": []}
     assert not [f for f in r["findings"] if f["code"].startswith("xid")]
-    assert fresh._XID_MODULE == []
+    assert asked and True not in asked
     loud = tmp_path / "loud.log"
     loud.write_text("[ 3.0] NVRM: GPU at PCI:0000:ba:00: GPU has fallen off the bus.\n")
     r = fresh.run(fresh.build_parser().parse_args(args + [str(loud)]))
     assert [(x["xid"], x["fatal"]) for x in r["data"]["kernel_log"]["xids"]] == [(79, True)]
-    assert fresh._XID_MODULE and fresh._XID_MODULE[0] is not None
+    assert True in asked
 
 
 # --------------------------------------------------------------------------- the judge alone

@@ -4,7 +4,6 @@ checks run side by side (a crashed or hung check is its own finding, the others 
 report), the hosts.yaml ``expect:`` block, the job's argv and timeout, schema 2's finding
 keys, and the fleet view grouped by action. The per-check modules have their own tests."""
 
-import json
 import os
 import shutil
 import sys
@@ -22,28 +21,12 @@ from diagnostics.inventory import topology
 from diagnostics.core import wire
 from diagnostics.core.errors import InputError
 from diagnostics.core.results import ACTIONS, Finding, Result, action_rank, worst_action
-from tests.programs import load_script
+from tests.programs import load_script, result_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "diagnostics" / "scripts"
-FAKE_SMI = ROOT / "tests" / "fakes" / "nvidia-smi"
 
 nc = load_script("node_check.py", "mldiag_test_node_check")
-
-
-@pytest.fixture
-def tool_dir(tmp_path, monkeypatch):
-    """A PATH of our own: python3 without site (the fakes need only the stdlib), nvidia-smi."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text('#!/bin/sh\nexec "%s" -S "$@"\n' % sys.executable)
-    (bindir / "python3").chmod(0o755)
-    os.symlink(FAKE_SMI, bindir / "nvidia-smi")
-    monkeypatch.setenv("PATH", str(bindir))
-    for var in ("MLDIAG_FAKE_NVIDIA_SMI_HANG", "MLDIAG_FAKE_NVIDIA_SMI_EXIT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", "derived__h200x8__healthy")
-    return bindir
 
 
 def runner(bindir):
@@ -308,11 +291,10 @@ def test_a_schema_2_finding_round_trips_with_its_new_keys():
 
 
 def result(target, *findings, status=None):
-    fs = [Finding(level, code, "m", action=action, gpus=gpus, ports=ports)
-          for level, code, action, gpus, ports in findings]
-    worst = status or ("fail" if any(f.level == "fail" for f in fs) else
-                       "warn" if any(f.level == "warn" for f in fs) else "ok")
-    return Result("node-check", target, worst, "s", findings=fs)
+    """A node-check result of ``target``: ``findings`` as (level, code, action, gpus, ports)."""
+    return result_of("node-check", target, *[Finding(level, code, "m", action=action, gpus=gpus, ports=ports)
+                                             for level, code, action, gpus, ports in findings],
+                     status=status, summary="s")
 
 
 def test_the_fleet_view_groups_nodes_by_their_worst_action():

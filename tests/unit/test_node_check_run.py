@@ -18,17 +18,7 @@ from diagnostics.core import termination
 from diagnostics.core.errors import EXIT_ERROR, InputError
 from diagnostics.core.outcome import Outcome
 from diagnostics.core.results import Finding, Result
-from tests.programs import marking_python
 from tests.unit.test_undrain import WindowLogin
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    """One local target whose interpreter leaves a mark: whether anything ran on it."""
-    python, marker = marking_python(tmp_path)
-    path = tmp_path / "hosts.yaml"
-    path.write_text(f"hosts:\n  here:\n    local: true\n    python: {python}\n")
-    return path, marker
 
 
 def opts(hosts_file, **more):

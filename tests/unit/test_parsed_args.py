@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from diagnostics import builtin
-from diagnostics.engine import bundle, jobs, registry, runner
+from diagnostics.engine import bundle, runner
 from diagnostics.transport.ssh import SshPool
 from diagnostics.inventory.topology import Target
 from tests.programs import space_free_python
@@ -48,11 +48,7 @@ def run_local(j):
     return runner.run_one(Target(name="local", local=True, python=space_free_python()), j, SshPool())
 
 
-@pytest.fixture(autouse=True)
-def private_tmpdir(tmp_path, monkeypatch):
-    d = tmp_path / "TMPDIR"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("TMPDIR", str(d))
+pytestmark = pytest.mark.usefixtures("private_tmpdir")     # tests/unit/conftest.py
 
 
 def test_own_diagnostic_gets_the_clients_parse_and_the_target_never_imports_argparse():

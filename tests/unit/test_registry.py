@@ -15,7 +15,6 @@ from diagnostics.runbooks import model as runbook, run as runbook_run
 from diagnostics.inventory import topology
 from diagnostics.core.errors import InputError
 from diagnostics.cli.tasks import COMMON_PARAMETERS, diagnostic_task, ns
-from tests.unit.test_node_check_run import hosts  # noqa: F401 (a fixture: a marking local target)
 
 COMMON = {name.replace("_", "-") for name, _ in COMMON_PARAMETERS}
 

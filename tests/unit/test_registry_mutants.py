@@ -24,13 +24,6 @@ BUILTIN_NAMES = ("ping, gpu-status, check-attn, env-report, extract-smoke, scan-
                  "stacks")
 
 
-@pytest.fixture(autouse=True)
-def registry_back():
-    previous = registry.current()
-    yield
-    registry.use(previous)
-
-
 def target(body="{local: true}"):
     return topology.loads(f"hosts:\n  box: {body}\n").targets["box"]
 

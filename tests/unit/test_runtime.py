@@ -39,14 +39,7 @@ def run(source, argv=(), target=None, **kw):
     return runner.run_one(target or local(), diag_job(source, argv, **kw), SshPool())
 
 
-@pytest.fixture(autouse=True)
-def private_tmpdir(tmp_path, monkeypatch):
-    """$TMPDIR (where the runtime makes its dir) of this test's own: other test runs on the machine
-    make and remove mldiag-* dirs in /tmp meanwhile, and a test counting them must not see those."""
-    d = tmp_path / "TMPDIR"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("TMPDIR", str(d))
-    return d
+pytestmark = pytest.mark.usefixtures("private_tmpdir")     # tests/unit/conftest.py
 
 
 def mldiag_tmpdirs():

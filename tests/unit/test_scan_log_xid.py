@@ -123,15 +123,18 @@ def test_a_tail_window_numbers_the_message_by_the_files_lines(tmp_path):
     assert xid_matches(scan(tmp_path, text, lines=2)) == []
 
 
-def test_a_log_without_nvrm_lines_loads_no_xid_py(tmp_path):
+def test_a_log_without_nvrm_lines_loads_no_xid_py(tmp_path, monkeypatch):
     """A training log (or a healthy node's kernel log) costs no load of xid.py and its catalog;
     one NVRM line loads them."""
     fresh = load_module(SCRIPT, "mldiag_test_scan_log_xid_fresh")
+    loaded = []
+    real_load_xid = fresh._remote.load_xid
+    monkeypatch.setattr(fresh._remote, "load_xid", lambda directory: loaded.append(directory) or real_load_xid(directory))
     r = scan(tmp_path, "step 1 | loss=0.31\n[ 2.0] EXT4-fs (sda1): mounted\n", module=fresh)
-    assert r["status"] == "ok" and fresh._XID_MODULE == []
+    assert r["status"] == "ok" and loaded == []
     r = scan(tmp_path, FORMS["the single-line variant"], module=fresh)
     assert xid_findings(r) == [("xid-fatal", "fail", "reboot")]
-    assert fresh._XID_MODULE and fresh._XID_MODULE[0] is not None
+    assert loaded and loaded[0] == fresh.HERE
 
 
 def test_without_xid_py_the_drivers_words_are_not_read(tmp_path):

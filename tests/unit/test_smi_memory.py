@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from diagnostics.builtin.gpu_status import smi_memory
-from diagnostics.core.results import Result
 from tests import programs
+from tests.programs import result_of
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fakes"
@@ -20,7 +20,7 @@ def result(target="a", **data):
     base = {"source": "nvidia-smi", "driver_version": "590.48.01", "cuda_version": "13.1",
             "gpus": [{"index": 0}], "nvidia_smi": {"fields_asked": ["index", "name", "driver_version"]}}
     base.update(data)
-    return Result(diagnostic="gpu-status", target=target, status="ok", summary="", data=base)
+    return result_of("gpu-status", target, data=base)
 
 
 def test_what_a_run_learnt_comes_back_as_the_targets_argument(tmp_path, monkeypatch):

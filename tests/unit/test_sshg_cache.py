@@ -19,30 +19,6 @@ needs_ssh = pytest.mark.skipif(REAL_SSH is None and os.environ.get("CI") != "tru
                                reason="no OpenSSH client here")
 
 
-@pytest.fixture
-def counted_ssh(tmp_path, monkeypatch):
-    """PATH with an ``ssh`` that logs each call and runs the real one; a private runtime dir;
-    a fresh process memory of answers. Returns a function giving the number of calls so far."""
-    assert REAL_SSH, "the OpenSSH client is needed (CI installs openssh-client)"
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "ssh-calls"
-    wrapper = bindir / "ssh"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {REAL_SSH} "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    monkeypatch.delenv(sshg_cache.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(sshconfig, "_cache", {})
-    monkeypatch.setattr(sshg_cache, "_files", {})
-
-    def calls() -> int:
-        return len(log.read_text().splitlines()) if log.exists() else 0
-    return calls
-
-
 def new_process(monkeypatch):
     """What a new mldiag process starts with: no answers in memory."""
     monkeypatch.setattr(sshconfig, "_cache", {})

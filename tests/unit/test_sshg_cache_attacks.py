@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.transport import sshconfig, sshg_cache
-from tests.unit.test_sshg_cache import counted_ssh, needs_ssh, new_process, write_config  # noqa: F401
+from tests.unit.test_sshg_cache import needs_ssh, new_process, write_config
 
 GOOD = "10.1.2.3"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from diagnostics.builtin.stacks import flight_recorder as stacks_fr
-from tests.programs import SCRIPTS, load_script
+from tests.programs import SCRIPTS, codes, load_script
 
 fr = load_script("flight_recorder.py", "mldiag_test_flight_recorder")
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
@@ -29,10 +29,6 @@ CODES = {"fr-ranks-diverge", "fr-missing-dumps", "fr-agree", "fr-bad-dump", "fr-
 def raw_dump(rank):
     with open(PREFIX + str(rank), "rb") as f:
         return pickle.load(f)      # the recorded fixture, plain data (asserted below)
-
-
-def codes(findings):
-    return [f["code"] for f in findings]
 
 
 @pytest.fixture

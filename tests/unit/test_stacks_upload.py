@@ -11,9 +11,8 @@ import pytest
 
 from diagnostics.engine import bundle, runner
 from diagnostics.builtin.stacks import upload as stacks_upload
-from diagnostics.core.results import Result
 from diagnostics.inventory.topology import Target
-from tests.programs import space_free_python
+from tests.programs import result_of, space_free_python
 
 
 def real_py_spy():
@@ -44,7 +43,7 @@ def job():
 
 
 def result(data, status="ok"):
-    return Result(diagnostic="stacks", target="t", status=status, summary="", data=data)
+    return result_of("stacks", status=status, data=data)
 
 
 def test_the_offer_and_the_follow_up():

@@ -6,37 +6,25 @@ tests/fixtures/team/probe.py is the tests' own diagnostic (its README says so); 
 copied into each test's tmp_path, so a test can add a broken file beside it."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from diagnostics import builtin
-from diagnostics.engine import jobs, registry, team, execute
+from diagnostics.engine import jobs, registry, team
 from diagnostics.builtin import BUILTIN
-from diagnostics.runbooks import model as runbook, run as runbook_run
+from diagnostics.runbooks import model as runbook
 from diagnostics.inventory import topology
 from diagnostics.core.errors import InputError
 from tests.programs import REPO, inv, mldiag
 
-FIXTURE = Path(REPO) / "tests" / "fixtures" / "team"
+from tests.unit.conftest import TEAM_FIXTURE as FIXTURE
 # Quotes of both kinds, $(), backticks, globs, a backslash, non-ASCII, a tab, lines and a marker
 # test_command_lines.py looks for on every command line the suite sent: it must arrive intact.
 HOSTILE = "naïve ☃ $(id) `id` 'sq' \"dq\" {a,b} * ~root \\ \t|;&!#% l1\nl2 s3cr3t-team"
-
-
-@pytest.fixture
-def checks(tmp_path):
-    """A copy of the fixture directory, and a hosts file naming it (``diagnostics: checks``)."""
-    directory = tmp_path / "checks"
-    shutil.copytree(FIXTURE, directory)
-    hosts = tmp_path / "hosts.yaml"
-    hosts.write_text("diagnostics: checks\nhosts:\n  here: {local: true}\n")
-    return directory, hosts
 
 
 def spec_of(tmp_path, source, name="x.py"):

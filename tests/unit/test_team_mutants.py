@@ -16,7 +16,7 @@ import pytest
 from diagnostics import builtin
 from diagnostics.engine import registry, team
 from diagnostics.builtin import BUILTIN
-from tests.unit.test_team import FIXTURE
+from tests.unit.conftest import TEAM_FIXTURE as FIXTURE
 
 RUNS = "def run(args):\n    return {}\n"
 GROUP = "mldiag.diagnostics"

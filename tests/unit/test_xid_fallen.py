@@ -13,7 +13,6 @@ import json
 import pytest
 
 from tests.programs import load_script
-from tests.unit.test_node_check_core import tool_dir  # noqa: F401  (the fake nvidia-smi on PATH)
 
 xid = load_script("xid.py", "mldiag_test_xid_fallen")
 nc = load_script("node_check.py", "mldiag_test_xid_fallen_node_check")

@@ -7,7 +7,6 @@ on the fake nvidia-smi (GPU 0 is at 00000000:18:00.0) and gpu-status.
 import pytest
 
 from tests.programs import load_script
-from tests.unit.test_node_check_core import tool_dir  # noqa: F401  (the fake nvidia-smi on PATH)
 from tests.unit.test_xid_fallen import INVENTORY, run_node_check, summary
 
 xid = load_script("xid.py", "mldiag_test_xid_nvlink5")
