@@ -123,7 +123,7 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                                 "instead of the live kernel log", metavar="FILE"),
          Arg("expect-idle", "GPU memory held by processes is a warning (the GPUs should be "
                             "free)", kind="bool")),
-        companions=("xid.py", "xid_catalog.json", "nvml.py"),
+        companions=("kernel_log.py", "xid.py", "xid_catalog.json", "nvml.py"),
         target_argv=_gpu_status_argv, judge=_remember_smi, view=_gpu_view),
     DiagnosticSpec(
         "check-attn", "Requested vs resolved attention per module (meta-device build), layer "
@@ -198,8 +198,8 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
          Arg("prom", "write a Prometheus textfile-collector file (node-exporter) to FILE",
              kind="file", client=True,
              not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="prom FILE"))),
-        companions=("xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py", "ib.py",
-                    "dcgm.py"),
+        companions=("kernel_log.py", "xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py",
+                    "ib.py", "dcgm.py"),
         target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
         judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
     DiagnosticSpec(

@@ -18,7 +18,7 @@ Runs on the target, standard library only, Python 3.8+. Sources, in order:
    Gaudi (``hl-smi``) accelerators, which this diagnostic does not support yet.
 
 Then the kernel log (``/dev/kmsg``, ``dmesg``, ``journalctl -k``; best effort, bounded in time;
-read while nvidia-smi answers, by xid.py's reader) is scanned for NVIDIA Xid lines by xid.py.
+read while nvidia-smi answers, by kernel_log.py) is scanned for NVIDIA Xid lines by xid.py.
 
 The result always carries ``status`` (worst finding level; ``info`` counts as ``ok``).
 ``data``: source ("nvidia-smi" | "nvml" | None), gpu_count (GPUs that answered), expected_gpus,
@@ -79,10 +79,11 @@ xid                         warn   catalog    any other Xid (13/31/43/94: app; 6
                                               xid_catalog.json beside xid.py: "Xid N (catalog not shipped)", monitor
 ==========================  =====  =========  ==================================================
 
-The kernel log's reader, its Xid parser, and Xid naming, severity and action come from xid.py
-and xid_catalog.json, shipped beside this script (one reader and one catalog for node-check,
-gpu-status and scan-log); run by hand without xid.py, the kernel log is not read (``kernel_log``
-says so), without the catalog the Xids are listed unclassified.
+The kernel log's reader (kernel_log.py), its Xid parser, and Xid naming, severity and action
+(xid.py, xid_catalog.json) are shipped beside this script (one reader and one catalog for
+node-check, gpu-status and scan-log); run by hand without kernel_log.py the kernel log is not
+read (``kernel_log`` says so), without xid.py its Xids are not read, without the catalog they
+are listed unclassified.
 """
 
 from __future__ import annotations
@@ -858,11 +859,12 @@ def query_gpu_argv(smi, chosen):
     return [smi, "--query-gpu=" + ",".join(f for _, f in chosen), "--format=csv,noheader,nounits"]
 
 
-def collect_nvidia_smi(smi, timeout, data, findings, known=None):
-    """Fill data from nvidia-smi; append findings for its failures."""
-    data["source"] = "nvidia-smi"
+def collect_nvidia_smi(smi, timeout, known=None):
+    """What nvidia-smi says: (facts for the result's data, findings about its failures)."""
+    facts, findings = {}, []
+    facts["source"] = "nvidia-smi"
     info = {"path": smi, "calls": 0}
-    data["nvidia_smi"] = info
+    facts["nvidia_smi"] = info
     chosen = (known or {}).get("fields") or newest_fields()
     ask_version = not (known and known.get("driver") and known.get("cuda"))
     batch = [query_gpu_argv(smi, chosen),
@@ -876,7 +878,7 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
     for run, what in ((query_run, "--query-gpu"), (apps_run, "--query-compute-apps")):
         if run.start_error or run.timed_out:
             findings.append(smi_failure(run, what, timeout))
-            return
+            return facts, findings
 
     refused = []
     if query_run.returncode and UNKNOWN_FIELD_RE.search(query_run.output):
@@ -886,7 +888,7 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
         info["calls"] += 1
         if help_run.start_error or help_run.timed_out:
             findings.append(smi_failure(help_run, "--help-query-gpu", timeout))
-            return
+            return facts, findings
         valid = parse_help_fields(help_run.stdout) if help_run.ok else None
         if not valid:
             info["help_query_gpu"] = "unavailable: " + (first_line(help_run.output) or "no output")
@@ -896,7 +898,7 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
             info["calls"] += 1
             if query_run.start_error or query_run.timed_out:
                 findings.append(smi_failure(query_run, "--query-gpu", timeout))
-                return
+                return facts, findings
             m = UNKNOWN_FIELD_RE.search(query_run.output)
             if not (query_run.returncode and m) or attempt == 3:
                 break
@@ -922,19 +924,19 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
             findings.append(f)
     for g in gpus:
         dv = g.pop("driver_version", None)
-        if dv and not data.get("driver_version"):
-            data["driver_version"] = dv
-    if version_run is None and not (known and data.get("driver_version") == known.get("driver")):
+        if dv and not facts.get("driver_version"):
+            facts["driver_version"] = dv
+    if version_run is None and not (known and facts.get("driver_version") == known.get("driver")):
         # the client remembered another driver (an upgrade), or no GPU said its driver
         version_run = run_tools([[smi, "--version"]], timeout)[0]
         info["calls"] += 1
     if version_run is None:
-        data["cuda_version"] = known["cuda"]
+        facts["cuda_version"] = known["cuda"]
     elif version_run.ok:
         v = parse_version(version_run.stdout)
-        data["cuda_version"] = v.get("cuda_version")
-        if not data.get("driver_version"):
-            data["driver_version"] = v.get("driver_version")
+        facts["cuda_version"] = v.get("cuda_version")
+        if not facts.get("driver_version"):
+            facts["driver_version"] = v.get("driver_version")
     for l in lost:
         findings.append(finding(
             "fail", "gpu-lost",
@@ -943,8 +945,8 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
             hint=NVIDIA_SMI_HINT[15],
             short="GPU %s lost" % (l["index"] if l["index"] is not None else "?"),
             gpus=[l["index"]] if l["index"] is not None else None))
-    data["gpus"] = gpus
-    data["lost_gpus"] = lost
+    facts["gpus"] = gpus
+    facts["lost_gpus"] = lost
 
     # Processes: rows are kept even when nvidia-smi also complained (a lost GPU among healthy ones);
     # with no rows and a failure, the processes are unknown (None), not "none".
@@ -955,7 +957,7 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
         cmd = visible_command(p["pid"], p["name"])
         if cmd:
             p["command"] = cmd
-    data["processes"] = procs if (procs or apps_run.returncode == 0) else None
+    facts["processes"] = procs if (procs or apps_run.returncode == 0) else None
     if apps_run.returncode:
         info["query_compute_apps"] = "exit %d: %s" % (apps_run.returncode, first_line(apps_run.output))
 
@@ -968,6 +970,7 @@ def collect_nvidia_smi(smi, timeout, data, findings, known=None):
             for g in gpus:
                 if g.get("index") in migs:
                     g["mig_devices"] = migs[g["index"]]
+    return facts, findings
 
 
 def visible_command(pid, name):
@@ -1001,10 +1004,12 @@ def _text(v):
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
-def collect_nvml(api, how, data, findings):
-    """Fill data from NVML (pynvml or CtypesNvml); per-field NVML errors become None."""
-    data["source"] = "nvml"
-    data["nvml"] = {"binding": how}
+def collect_nvml(api, how):
+    """What NVML (pynvml or CtypesNvml) says: (facts for the result's data, findings about its
+    failures); per-field NVML errors become None."""
+    facts, findings = {}, []
+    facts["source"] = "nvml"
+    facts["nvml"] = {"binding": how}
     err = api.NVMLError
 
     def get(name, *args):
@@ -1023,20 +1028,20 @@ def collect_nvml(api, how, data, findings):
                                 hint="check that the NVIDIA driver is loaded (`lsmod | grep nvidia`) and "
                                      "that this libnvidia-ml.so.1 matches it",
                                 short="NVML failed: %s" % e))
-        return
+        return facts, findings
     try:
-        data["driver_version"] = _text(get("nvmlSystemGetDriverVersion"))
+        facts["driver_version"] = _text(get("nvmlSystemGetDriverVersion"))
         cuda = get("nvmlSystemGetCudaDriverVersion_v2")
         if cuda is None:
             cuda = get("nvmlSystemGetCudaDriverVersion")
         if cuda:
-            data["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
+            facts["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
         try:
             count = api.nvmlDeviceGetCount()
         except err as e:
             findings.append(finding("fail", "nvml-failed", "NVML could not count the GPUs: %s" % e,
                                     short="NVML failed: %s" % e))
-            return
+            return facts, findings
         gpus, procs = [], []
         for i in range(count):
             try:
@@ -1093,13 +1098,14 @@ def collect_nvml(api, how, data, findings):
                 if cmd:
                     entry["command"] = cmd
                 procs.append(entry)
-        data["gpus"] = gpus
-        data["processes"] = procs
+        facts["gpus"] = gpus
+        facts["processes"] = procs
     finally:
         try:
             api.nvmlShutdown()
         except err:
             pass
+    return facts, findings
 
 
 # --------------------------------------------------------------------------- kernel log
@@ -1130,7 +1136,7 @@ class Background(object):
 
 
 def kernel_log_tool(argv, timeout):
-    """xid.read_kernel_log's ``run_tool``: one command through this script's spawn, its outcome
+    """kernel_log.read's ``run_tool``: one command through this script's spawn, its outcome
     as a ``_remote.Tool``."""
     exe = which(argv[0])
     if exe is None:
@@ -1144,17 +1150,17 @@ def kernel_log_tool(argv, timeout):
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NO_XID_PY = "xid.py is not beside gpu_status.py: the kernel log is not read"
+NO_READER = "kernel_log.py is not beside gpu_status.py: the kernel log is not read"
 
 
 def read_kernel_log(path=None, budget_s=KERNEL_LOG_BUDGET_S):
-    """xid.py's reader (``{"source", "text", "error", "hung"}``): the file at ``path``, else this
-    boot's log within ``budget_s``. Loads xid.py, not its catalog (a healthy log needs none)."""
-    xm = _remote.load_xid(HERE, with_catalog=False)
-    if xm is None:
-        return {"source": None, "text": "", "error": NO_XID_PY, "hung": []}
-    return xm.read_kernel_log(kernel_log_tool, since=None, path=path, timeout=budget_s,
-                              max_bytes=KERNEL_LOG_MAX_BYTES)
+    """kernel_log.py's reader (``{"source", "text", "error", "hung"}``): the file at ``path``,
+    else this boot's log within ``budget_s``. Not xid.py: a healthy log needs neither its
+    parser nor its catalog (a compile and a parse each run)."""
+    reader = _remote.load_companion(HERE, "kernel_log.py", "mldiag_kernel_log")
+    if reader is None:
+        return {"source": None, "text": "", "error": NO_READER, "hung": []}
+    return reader.read(kernel_log_tool, since=None, path=path, timeout=budget_s, max_bytes=KERNEL_LOG_MAX_BYTES)
 
 
 def xid_gpus(pcis, data):
@@ -1497,11 +1503,13 @@ def run(args) -> dict:
     # the live kernel log is read while nvidia-smi answers (each can take a second on a big node)
     live_log = Background(read_kernel_log) if not (args.no_kernel_log or args.kernel_log_file) else None
     if smi:
-        collect_nvidia_smi(smi, args.timeout, data, findings, parse_known(args.known))
+        facts, findings = collect_nvidia_smi(smi, args.timeout, parse_known(args.known))
+        data.update(facts)
     else:
         api, how = load_nvml(args.nvml)
         if api is not None:
-            collect_nvml(api, how, data, findings)
+            facts, findings = collect_nvml(api, how)
+            data.update(facts)
         else:
             data["nvml"] = {"error": how}
             if args.nvidia_smi:

@@ -724,10 +724,23 @@ def test_nvml_row_remap_failure_and_aggregate_only(nvml_only):
     assert mine == [("fail", "remap-failure"), ("warn", "ecc-uncorrectable-history"), ("warn", "persistence-off")]
 
 
+def test_gathering_returns_facts_that_the_judge_reads_alone(smi_env, monkeypatch):
+    """Facts first, judged after: the gatherer fills no caller's dict; what it returns is
+    judged by the pure judge exactly as run() judges it."""
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", H200)
+    monkeypatch.setattr(gs, "visible_command", lambda pid, name: None)
+    facts, findings = gs.collect_nvidia_smi(str(FAKE), 20)
+    assert findings == [] and facts["source"] == "nvidia-smi" and facts["nvidia_smi"]["path"] == str(FAKE)
+    assert (facts["driver_version"], len(facts["gpus"])) == ("590.48.01", 1)
+    ran = gs.run(gs.build_parser().parse_args(["--nvidia-smi", str(FAKE), "--no-kernel-log"]))
+    data = dict(ran["data"], **facts)
+    assert sorted(level_codes(gs.judge(data))) == codes(ran)
+
+
 def test_nvml_init_failure(smi_env, monkeypatch):
     lib = FakeNvmlLib(init_rc=9)
-    data, findings = {}, []
-    gs.collect_nvml(nvml_module().CtypesNvml(lib), "ctypes", data, findings)
+    facts, findings = gs.collect_nvml(nvml_module().CtypesNvml(lib), "ctypes")
+    assert facts == {"source": "nvml", "nvml": {"binding": "ctypes"}}
     assert [(f["level"], f["code"]) for f in findings] == [("fail", "nvml-failed")]
     assert "Driver Not Loaded" in findings[0]["message"]
 
@@ -749,8 +762,7 @@ def test_nvml_through_a_pynvml_like_module(smi_env, monkeypatch):
         nvmlDeviceGetMemoryInfo=lambda h: mem, nvmlDeviceGetTemperature=lambda h, s: 41,
         nvmlDeviceGetUtilizationRates=not_supported, nvmlDeviceGetPowerUsage=lambda h: 69850,
         nvmlDeviceGetComputeRunningProcesses=lambda h: [])
-    data, findings = {}, []
-    gs.collect_nvml(api, "pynvml", data, findings)
+    data, findings = gs.collect_nvml(api, "pynvml")
     g = data["gpus"][0]
     assert (data["driver_version"], data["cuda_version"]) == ("535.104.05", "12.2")
     assert (g["name"], g["pci_bus_id"], g["memory_total_mib"], g["power_draw_w"]) == (
@@ -970,8 +982,8 @@ def test_dbe_with_a_row_remap_on_the_same_gpu_drains(smi_env, monkeypatch):
     assert fatal[0]["message"].startswith("Xid 48 (Double Bit ECC Error) seen 1 time in the kernel log (0000:19:00)")
 
 
-def test_without_xid_py_beside_it_the_kernel_log_is_not_read(tmp_path):
-    """Run by hand from a directory without xid.py (the kernel log's one reader and parser):
+def test_without_kernel_log_py_beside_it_the_kernel_log_is_not_read(tmp_path):
+    """Run by hand from a directory without kernel_log.py (the kernel log's one reader):
     ``kernel_log`` says so, no crash, no Xid finding."""
     alone = tmp_path / "gpu_status.py"
     alone.write_text(SCRIPT.read_text())
@@ -981,13 +993,13 @@ def test_without_xid_py_beside_it_the_kernel_log_is_not_read(tmp_path):
     for kernel_log in (["--kernel-log-file", str(log)], []):
         r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off"]
                                                     + kernel_log))
-        assert r["data"]["kernel_log"] == {"source": None, "error": lone.NO_XID_PY}
+        assert r["data"]["kernel_log"] == {"source": None, "error": lone.NO_READER}
         assert not [f for f in r["findings"] if f["code"].startswith("xid")]
 
 
 def test_without_the_catalog_the_xids_are_listed_unclassified(tmp_path):
     """xid.py beside it without xid_catalog.json: "Xid N (catalog not shipped)", monitor."""
-    for name in ("gpu_status.py", "xid.py"):
+    for name in ("gpu_status.py", "kernel_log.py", "xid.py"):
         (tmp_path / name).write_text((SCRIPT.parent / name).read_text())
     lone = load_module(tmp_path / "gpu_status.py", "mldiag_test_gpu_status_no_catalog")
     log = tmp_path / "k.log"
@@ -996,7 +1008,8 @@ def test_without_the_catalog_the_xids_are_listed_unclassified(tmp_path):
         r = lone.run(lone.build_parser().parse_args(["--nvidia-smi", str(tmp_path / "none"), "--nvml", "off",
                                                      "--kernel-log-file", str(log)]))
     finally:
-        sys.modules.pop("mldiag_xid", None)     # the next script loads the shipped xid.py again
+        for companion in ("mldiag_xid", "mldiag_kernel_log"):   # the next script loads the shipped ones
+            sys.modules.pop(companion, None)
     assert r["data"]["kernel_log"]["source"] == str(log)
     (f,) = [f for f in r["findings"] if f["code"].startswith("xid")]
     assert (f["code"], f["level"], f["action"]) == ("xid", "warn", "monitor")
@@ -1189,9 +1202,9 @@ def test_nvidia_smi_exit_codes_have_their_action(code, action):
     assert (f["code"], f["action"]) == ("nvidia-smi-failed", action)
 
 
-def xid_py():
-    """The xid.py gpu-status reads the kernel log through (its reader's state is patched there)."""
-    return gs._remote.load_xid(gs.HERE, with_catalog=False)
+def reader():
+    """The kernel_log.py gpu-status reads the kernel log through (its state is patched there)."""
+    return gs._remote.load_companion(gs.HERE, "kernel_log.py", "mldiag_kernel_log")
 
 
 @pytest.mark.parametrize("kmsg_errno,setuid,called", [
@@ -1218,8 +1231,8 @@ def test_dmesg_is_not_run_where_dmesg_restrict_refused_the_kernel_log(
 
     def kmsg(deadline, max_bytes):
         raise OSError(kmsg_errno, os.strerror(kmsg_errno))
-    monkeypatch.setattr(xid_py(), "read_kmsg", kmsg)
-    monkeypatch.setattr(xid_py(), "system_journal_readable", lambda: True)
+    monkeypatch.setattr(reader(), "read_kmsg", kmsg)
+    monkeypatch.setattr(reader(), "system_journal_readable", lambda: True)
     got = gs.read_kernel_log(budget_s=20)
     source, why = got["source"], got["error"]
     made = [json.loads(line)[0] for line in calls.read_text().splitlines()]
@@ -1239,8 +1252,8 @@ def test_journalctl_is_not_run_without_a_system_journal_this_user_may_read(tmp_p
     monkeypatch.setenv("MLDIAG_FAKE_KLOG_LOG", str(calls))
     monkeypatch.setenv("MLDIAG_FAKE_KLOG", str(tmp_path / "empty.log"))
     (tmp_path / "empty.log").write_text("")
-    monkeypatch.setattr(xid_py(), "read_kmsg", lambda deadline, max_bytes: (_ for _ in ()).throw(OSError(1, "no")))
-    monkeypatch.setattr(xid_py(), "JOURNAL_DIRS", (str(tmp_path / "none"),))
+    monkeypatch.setattr(reader(), "read_kmsg", lambda deadline, max_bytes: (_ for _ in ()).throw(OSError(1, "no")))
+    monkeypatch.setattr(reader(), "JOURNAL_DIRS", (str(tmp_path / "none"),))
     got = gs.read_kernel_log(budget_s=20)
     source, why = got["source"], got["error"]
     assert source is None and not calls.exists()
@@ -1352,7 +1365,7 @@ def test_which_finds_what_shutil_which_finds(tmp_path, monkeypatch):
 
 def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp_path):
     """Every Xid line, and "fallen off the bus", is an NVRM line: a healthy node's kernel log
-    is read without loading the Xid catalog; one NVRM line loads it."""
+    is read (by kernel_log.py) without loading xid.py or its catalog; one NVRM line loads them."""
     fresh = load_module(SCRIPT, "mldiag_test_gpu_status_no_nvrm")
     asked = []
     real_load_xid = fresh._remote.load_xid
@@ -1368,7 +1381,7 @@ def test_a_log_without_nvrm_lines_loads_no_xid_catalog(smi_env, monkeypatch, tmp
     r = fresh.run(fresh.build_parser().parse_args(args + [str(quiet)]))
     assert r["data"]["kernel_log"] == {"source": str(quiet), "xids": []}
     assert not [f for f in r["findings"] if f["code"].startswith("xid")]
-    assert asked and True not in asked
+    assert asked == []
     loud = tmp_path / "loud.log"
     loud.write_text("[ 3.0] NVRM: GPU at PCI:0000:ba:00: GPU has fallen off the bus.\n")
     r = fresh.run(fresh.build_parser().parse_args(args + [str(loud)]))

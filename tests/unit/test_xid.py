@@ -314,53 +314,6 @@ def test_kernel_log_file_first_and_bounded(tmp_path):
     assert missing["source"] is None and missing["error"].endswith("nope: No such file or directory")
 
 
-def test_a_system_journal_is_found_where_journald_keeps_it(tmp_path):
-    persistent, volatile = tmp_path / "var", tmp_path / "run"
-    (persistent / "0a1b").mkdir(parents=True)
-    (persistent / "0a1b" / "user-1000.journal").write_text("")
-    dirs = (str(persistent), str(volatile))
-    everything = lambda path: True  # noqa: E731
-    assert not xid.system_journal_readable(dirs, everything)      # a user's own journal only
-    (volatile / "0a1b").mkdir(parents=True)
-    archived = volatile / "0a1b" / "system@00061c-5c.journal~"
-    archived.write_text("")
-    assert xid.system_journal_readable(dirs, everything)
-    assert not xid.system_journal_readable(dirs, lambda path: path != str(archived))
-    assert xid.system_journal_readable(dirs, lambda path: path == str(archived))
-
-
-def test_this_boots_log_reads_kmsg_first_and_starts_no_tool(monkeypatch):
-    """since=None (gpu-status): /dev/kmsg first; where it answers, no process is started."""
-    run_tool, calls = fake_tools({"dmesg": Tool("ok", 0, XID_LINE, "", 0.1)})
-    monkeypatch.setattr(xid, "read_kmsg", lambda deadline, max_bytes: "[ 5.0] NVRM: Xid (PCI:0000:91:00): 79, x")
-    log = xid.read_kernel_log(run_tool, since=None, timeout=5)
-    assert calls == [] and (log["source"], log["error"]) == ("/dev/kmsg", None)
-    assert log["text"].startswith("[ 5.0] NVRM")
-
-
-def test_this_boots_log_shares_one_budget(monkeypatch):
-    """The budget bounds every source together: a dmesg that used it up leaves journalctl
-    unstarted ("no time left"), where node-check's window gives each tool its own timeout."""
-    monkeypatch.setattr(xid, "read_kmsg", lambda deadline, max_bytes: (_ for _ in ()).throw(OSError(2, "No such file or directory")))
-    monkeypatch.setattr(xid, "system_journal_readable", lambda: True)
-    clock = [1000.0]
-    monkeypatch.setattr(xid.time, "monotonic", lambda: clock[0])
-    timeouts = []
-
-    def run_tool(argv, timeout):
-        timeouts.append((argv[0], timeout))
-        clock[0] += 4.9                        # dmesg took nearly all of the 5 s
-        return Tool("ok", 1, "", "dmesg: read kernel buffer failed: Operation not permitted\n", 4.9)
-    log = xid.read_kernel_log(run_tool, since=None, timeout=5)
-    assert timeouts == [("dmesg", 5.0)]
-    assert log["error"] == ("/dev/kmsg: No such file or directory; dmesg: dmesg: read kernel buffer failed: "
-                            "Operation not permitted; journalctl: no time left")
-    clock[0] = 1000.0
-    run_tool, calls = fake_tools({})
-    xid.read_kernel_log(run_tool, since="24h", timeout=0.1)
-    assert [c[0] for c in calls] == ["journalctl", "dmesg"]      # a short timeout still runs each
-
-
 def test_check_uses_the_log_node_check_read():
     log = {"source": "file:/x", "text": sxid_excerpt(), "error": None}
     r = xid.check({"gpus": 8}, None, kernel_log=log, gpus=INVENTORY, sys_root="/sys", dcgm_level=None)
@@ -371,6 +324,6 @@ def test_check_uses_the_log_node_check_read():
 def test_python38_syntax_and_stdlib_only():
     import sys
     imported = script_imports(ROOT / "diagnostics" / "scripts" / "xid.py")
-    assert imported == {"__future__", "_remote", "errno", "json", "os", "re", "time"}
+    assert imported == {"__future__", "_remote", "json", "os", "re"}
     if hasattr(sys, "stdlib_module_names"):
         assert imported <= set(sys.stdlib_module_names) | {"__future__", "_remote"}
