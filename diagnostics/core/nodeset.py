@@ -6,7 +6,7 @@ values, a Slurm login node's ``squeue`` answer — is expanded here, and its siz
 hundreds of MB per million names), so ``n[1-2000000]`` from a login node, or a 5 KB file
 repeating ``n[1-99999]`` 400 times, would cost minutes and gigabytes.
 
-Bounds (README "Limits"):
+Bounds (docs/hosts-file.md, "Rules"):
 - ``MAX_NODES`` (100,000) names from one node set, one ``-H`` selection, one group, the
   targets of one hosts.yaml, or one Slurm allocation;
 - ``MAX_FILE_NAMES`` (500,000) names expanded in all while reading one hosts.yaml (node sets,

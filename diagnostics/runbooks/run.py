@@ -1,6 +1,6 @@
 """Running a runbook: its steps in order on every selected target, with the fleet machinery.
 
-Semantics (README "Runbooks" says the same for users):
+Semantics (docs/runbooks.md, "Writing a runbook", says the same for users):
 - Each step runs on all the targets still in the run at once (``runner.run_many``), one step
   after the other; all steps share one SSH connection pool.
 - A step is skipped on every target when it refers to a parameter that was not given and has
