@@ -93,9 +93,40 @@ def model_links(name):
     return None
 
 
-def _new_gpu(m):
-    return {"name": m.group(2).strip(), "uuid": m.group(3), "state": "links",
-            "links": collections.OrderedDict(), "notes": []}
+def _per_gpu(text, link_line):
+    """What ``nvidia-smi nvlink -s`` and ``-e`` share: a ``GPU N: NAME (UUID: ...)`` line opens a
+    GPU ({"name", "uuid", "state": "links", "links": {}, "notes": []}); each ``Link N: ...`` line
+    of it goes to ``link_line(gpu, link, rest, line)``; "all links are inactive", "does not have
+    or support nvlink" and "MIG mode" set its state; any other line is a note of the GPU, or of
+    the whole output before the first GPU. -> {"gpus": {index: gpu}, "notes": [...]}."""
+    gpus = collections.OrderedDict()
+    notes = []
+    cur = None
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        m = _GPU.match(line)
+        if m:
+            cur = gpus[int(m.group(1))] = {"name": m.group(2).strip(), "uuid": m.group(3), "state": "links",
+                                           "links": collections.OrderedDict(), "notes": []}
+            continue
+        if cur is None:
+            notes.append(line.strip())
+            continue
+        m = _LINK.match(line)
+        if m:
+            link_line(cur, int(m.group(1)), m.group(2), line)
+            continue
+        low = line.lower()
+        if "all links are inactive" in low:
+            cur["state"] = "all-inactive"
+        elif "does not have or support nvlink" in low:
+            cur["state"] = "no-nvlink"
+        elif "mig mode" in low:
+            cur["state"] = "mig"
+        else:
+            cur["notes"].append(line.strip())
+    return {"gpus": gpus, "notes": notes}
 
 
 def parse_nvlink_status(text):
@@ -106,39 +137,12 @@ def parse_nvlink_status(text):
     state "links" (link lines follow, maybe none), "all-inactive", "no-nvlink" (the device has
     no NVLink), "mig" (NVLink queries are refused in MIG mode). Unknown lines become notes.
     """
-    gpus = collections.OrderedDict()
-    notes = []
-    cur = None
-    for line in (text or "").splitlines():
-        if not line.strip():
-            continue
-        m = _GPU.match(line)
-        if m:
-            cur = gpus[int(m.group(1))] = _new_gpu(m)
-            continue
-        low = line.lower()
-        if cur is None:
-            notes.append(line.strip())
-            continue
-        m = _LINK.match(line)
-        if m:
-            value = m.group(2)
-            speed = _SPEED.match(value)
-            if speed:
-                cur["links"][int(m.group(1))] = float(speed.group(1))
-            else:
-                cur["links"][int(m.group(1))] = None
-                if value.strip().lower() != "<inactive>":
-                    cur.setdefault("raw", {})[int(m.group(1))] = value
-        elif "all links are inactive" in low:
-            cur["state"] = "all-inactive"
-        elif "does not have or support nvlink" in low:
-            cur["state"] = "no-nvlink"
-        elif "mig mode" in low:
-            cur["state"] = "mig"
-        else:
-            cur["notes"].append(line.strip())
-    return {"gpus": gpus, "notes": notes}
+    def link_line(gpu, link, value, line):
+        speed = _SPEED.match(value)
+        gpu["links"][link] = float(speed.group(1)) if speed else None
+        if not speed and value.strip().lower() != "<inactive>":
+            gpu.setdefault("raw", {})[link] = value
+    return _per_gpu(text, link_line)
 
 
 def _number(text):
@@ -156,43 +160,17 @@ def parse_nvlink_errors(text):
     "state", "notes"}}, "notes": [...]}. Every ``Link N: NAME: VALUE`` line is kept (value an
     int, a float such as ``15e-255``, or the text); a line holding several ``NAME: VALUE``
     pairs split by commas is split. Lines of no known form become notes, never an error."""
-    gpus = collections.OrderedDict()
-    notes = []
-    cur = None
-    for line in (text or "").splitlines():
-        if not line.strip():
-            continue
-        m = _GPU.match(line)
-        if m:
-            cur = gpus[int(m.group(1))] = {"name": m.group(2).strip(), "uuid": m.group(3),
-                                           "state": "links", "links": collections.OrderedDict(),
-                                           "notes": []}
-            continue
-        if cur is None:
-            notes.append(line.strip())
-            continue
-        m = _LINK.match(line)
-        if m:
-            counters = cur["links"].setdefault(int(m.group(1)), collections.OrderedDict())
-            ok = False
-            for part in m.group(2).split(", "):
-                c = _COUNTER.match(part.strip())
-                if c and c.group(1):
-                    counters[c.group(1).strip()] = _number(c.group(2))
-                    ok = True
-            if not ok:
-                cur["notes"].append(line.strip())
-            continue
-        low = line.lower()
-        if "all links are inactive" in low:
-            cur["state"] = "all-inactive"
-        elif "does not have or support nvlink" in low:
-            cur["state"] = "no-nvlink"
-        elif "mig mode" in low:
-            cur["state"] = "mig"
-        else:
-            cur["notes"].append(line.strip())
-    return {"gpus": gpus, "notes": notes}
+    def link_line(gpu, link, rest, line):
+        counters = gpu["links"].setdefault(link, collections.OrderedDict())
+        ok = False
+        for part in rest.split(", "):
+            c = _COUNTER.match(part.strip())
+            if c and c.group(1):
+                counters[c.group(1).strip()] = _number(c.group(2))
+                ok = True
+        if not ok:
+            gpu["notes"].append(line.strip())
+    return _per_gpu(text, link_line)
 
 
 def read_uptime(path="/proc/uptime"):
