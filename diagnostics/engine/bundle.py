@@ -124,9 +124,30 @@ def _script_parser(name: str, source: bytes) -> Optional[Callable[[], Any]]:
         code = SourceFileLoader(module_name, path).get_code(module_name)
     else:
         code = compile(source, path, "exec", dont_inherit=True)
-    namespace = {"__name__": module_name, "__file__": path}
+    namespace = {"__name__": module_name, "__file__": path, "__builtins__": _beside_scripts()}
     exec(code, namespace)
     return namespace.get("build_parser")
+
+
+@lru_cache(maxsize=1)
+def _beside_scripts() -> Dict[str, Any]:
+    """Builtins for a script's code run here whose ``import _remote`` finds scripts/_remote.py,
+    as it does on the target (the runtime puts the script's directory first on sys.path): that
+    module loaded by its path under a name of its own, for these scripts only; this process's
+    sys.path and any ``_remote`` it may have stay as they are."""
+    import builtins
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mldiag_parse__remote",
+                                                  os.path.join(SCRIPTS_DIR, REMOTE_HELPER))
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    plain_import = builtins.__import__
+
+    def scripts_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == REMOTE_HELPER[:-3] and level == 0:
+            return helper
+        return plain_import(name, globals, locals, fromlist, level)
+    return dict(vars(builtins), __import__=scripts_import)
 
 
 def _refuse(*args, **kwargs):

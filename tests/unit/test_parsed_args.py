@@ -98,6 +98,30 @@ def test_every_task_has_a_sample():
     assert set(SAMPLE_ARGV) == set(builtin.REGISTRY)
 
 
+def test_a_fresh_client_parses_every_task_without_its_import_path():
+    """In a process that never loaded a script (the CLI's case; a test process has loaded
+    _remote.py long before), each script's ``import _remote`` is answered by scripts/_remote.py
+    for this parse alone: every task's argv is parsed on the client, and the process is left
+    with no module named ``_remote`` and no scripts directory on its path."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from diagnostics.builtin import BUILTIN
+        from diagnostics.engine import bundle, registry
+        registry.use(BUILTIN)
+        samples = json.loads(sys.argv[1])
+        parsed = {{task: bundle.build_header(bundle.script_job(task, argv), target="t", timeout=30, env={{}},
+                                            activate=[], python="python3", nonce="n").get("args") is not None
+                  for task, argv in samples.items()}}
+        print(json.dumps([parsed, "_remote" in sys.modules, bundle.SCRIPTS_DIR in sys.path]))
+    """)
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(SAMPLE_ARGV)], capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert p.returncode == 0, p.stderr
+    parsed, remote_loaded, on_path = json.loads(p.stdout)
+    assert parsed == {task: True for task in SAMPLE_ARGV}
+    assert not remote_loaded and not on_path
+
+
 @pytest.mark.parametrize("task", sorted(SAMPLE_ARGV))
 def test_the_clients_parse_is_what_the_script_parses_on_another_machine(task, tmp_path):
     """The client's answer stands in for the target's, so no parser of ours may read the
