@@ -110,6 +110,24 @@ def _stacks_view(results, stream, *, color=False) -> None:
     stacks_run.render_view(results, stream, color=color)
 
 
+def _nccl_expect(target: Any) -> List[str]:
+    """nccl-check: hosts.yaml's ``expect: {allreduce_busbw: GBPS}``, the node's own figure."""
+    busbw = target.expect_dict.get("allreduce_busbw")
+    return [f"--expect-busbw={busbw}"] if busbw is not None else []
+
+
+def _nccl_timeout(values: Values) -> Optional[float]:
+    """The job outlives the measurement's budget by half a minute (starting the ranks, torch's
+    import, the result)."""
+    budget = values.get("budget")
+    return float(budget or 90) + 30.0
+
+
+def _nccl_judge(values: Values) -> Callable[[List[Any]], None]:
+    from .nccl_check import fleet
+    return fleet.judge(values)
+
+
 _NOT_A_RUNBOOK_OUTPUT = ("a runbook writes its report (and with --save each step's results); "
                          "run `mldiag node-check --{flag}` for this")
 
@@ -202,6 +220,25 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                     "ib.py", "dcgm.py"),
         target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
         judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
+    DiagnosticSpec(
+        "nccl-check", "A node's collective bus bandwidth (nccl-tests, else torch.distributed), "
+                      "against its figure and its peers.",
+        (Arg("op", "the collective: all_reduce (default), all_gather, alltoall",
+             choices=("all_reduce", "all_gather", "alltoall"), metavar="OP"),
+         Arg("backend", "auto (nccl-tests where installed, else torch) | nccl-tests | torch",
+             choices=("auto", "nccl-tests", "torch"), metavar="BACKEND"),
+         Arg("nccl-tests", "the nccl-tests binary, or its build directory, on the target",
+             metavar="PATH"),
+         Arg("ranks", "processes (default: one per GPU; 2 with gloo on a node without GPUs)",
+             kind="int"),
+         Arg("max-bytes", "largest message (default 16 GiB on GPUs, 64 MiB on the CPU)",
+             kind="int"),
+         Arg("iters", "timed runs of each size (default 20)", kind="int"),
+         Arg("budget", "seconds the measurement may take on a node (default 90)", kind="int"),
+         Arg("fleet-pct", "a node below this % of the median of its peers measured alike is a "
+                          "fail (default 80; 3 nodes or more)", kind="int", client=True)),
+        companions=("nccl_tests.py", "nccl_thresholds.json"),
+        target_argv=_nccl_expect, least_timeout=_nccl_timeout, judge=_nccl_judge),
     DiagnosticSpec(
         "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
                   "one named.",

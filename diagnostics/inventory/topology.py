@@ -265,11 +265,13 @@ def _models(value: Any, at: At) -> Tuple[Tuple[str, str], ...]:
     return tuple(models)
 
 
-# node-check's ``expect:`` block: what a healthy node of this kind has (with the bounds a value
-# can have: ib_rate in Gb/s, pcie_gen 1-6).
+# The ``expect:`` block: what a healthy node of this kind has (with the bounds a value can have:
+# ib_rate in Gb/s, pcie_gen 1-6), read by node-check and nccl-check.
 EXPECT_KEYS: Dict[str, Tuple[int, Optional[int]]] = {
     "gpus": (0, None), "ib_ports": (0, None), "ib_rate": (1, None), "nvlinks_per_gpu": (0, None),
-    "pcie_width": (1, 32), "pcie_gen": (1, 6)}
+    "pcie_width": (1, 32), "pcie_gen": (1, 6),
+    # nccl-check: the all-reduce bus bandwidth (GB/s) a healthy node of this kind reaches
+    "allreduce_busbw": (1, None)}
 
 
 def _expect(value: Any, at: At) -> Dict[str, int]:

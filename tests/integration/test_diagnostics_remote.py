@@ -186,18 +186,24 @@ def test_scan_log_on_a_log_inside_the_ct(lab, plain_hosts):
 # ------------------------------------------------------------------ torch + transformers in the CT
 
 
+def packages_in_ct(lab, *names):
+    """The ``env:`` a CT target needs to import this process's packages ``names`` (torch's
+    libraries included), and the modules: (env, modules)."""
+    lab.need("lxc")
+    modules = [mlenv.require(name) for name in names]
+    sites = {Path(m.__file__).resolve().parents[1] for m in modules}
+    for site in sites:
+        bind(lab, lambda b, s=site: b == s, f"site-packages {site}")
+    libdir = bind(lab, lambda b: b.parent.name == "ml" and b.name.startswith("lib-"), "the torch libs dir")
+    return {"PYTHONPATH": os.pathsep.join(sorted(str(s) for s in sites)), "LD_LIBRARY_PATH": str(libdir)}, modules
+
+
 def tiny_models_in_ct(lab, *subdir):
     """Tiny models saved once into the models dir the CT sees (the session's own dir, then
     `subdir`): llama (4 full-attention layers, tokenizer) and qwen3next (3 linear + 1 full
     attention, no tokenizer); and the `env:` a CT target needs to import this process's torch and
     transformers. Returns (root, models, env, torch, transformers); the caller removes root."""
-    lab.need("lxc")
-    torch = mlenv.require("torch")
-    transformers = mlenv.require("transformers")
-    sites = {Path(m.__file__).resolve().parents[1] for m in (torch, transformers)}
-    for site in sites:
-        bind(lab, lambda b, s=site: b == s, f"site-packages {site}")
-    libdir = bind(lab, lambda b: b.parent.name == "ml" and b.name.startswith("lib-"), "the torch libs dir")
+    env, (torch, transformers) = packages_in_ct(lab, "torch", "transformers")
     models_root = bind(lab, lambda b: b.parent.name == "ml" and b.name == "models", "the models dir")
     for old in models_root.iterdir():   # left by killed sessions
         if old.is_dir() and not (lab.root / f"session-{old.name}").exists():
@@ -210,8 +216,7 @@ def tiny_models_in_ct(lab, *subdir):
     }
     for dirpath, dirnames, filenames in os.walk(models_root / lab.sid):
         os.chmod(dirpath, 0o755)
-    env = {"PYTHONPATH": os.pathsep.join(sorted(str(s) for s in sites)), "LD_LIBRARY_PATH": str(libdir),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = dict(env, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return root, models, env, torch, transformers
 
 

@@ -77,7 +77,11 @@ def start(lxc_path: Path, vmid: int, log: Path) -> int:
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         raise LabError(f"lxc-start CT {vmid} failed ({proc.returncode}): {proc.stderr.strip()}\n{tail}")
-    return wait_until(lambda: init_pid(lxc_path, vmid), 10, f"CT {vmid} to run")
+    pid = wait_until(lambda: init_pid(lxc_path, vmid), 10, f"CT {vmid} to run")
+    # A CT's loopback is up, as its init (systemd, ifupdown) brings it up on a Proxmox host; the
+    # lab's init does not, and ranks meeting on 127.0.0.1 (nccl-check) need it
+    run(["nsenter", "-t", str(pid), "-n", "ip", "link", "set", "lo", "up"])
+    return pid
 
 
 def attach(lxc_path: Path, vmid: int, argv: List[str], check: bool = True):

@@ -262,6 +262,8 @@ Tasks:
   scan-log       Classify a remote log: tracebacks, empty error messages, NaN loss, OOM, NCCL, Xid,
                  kills.
   node-check     A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM.
+  nccl-check     A node's collective bus bandwidth (nccl-tests, else torch.distributed), against its
+                 figure and its peers.
   stacks         Where every rank of a hung job is: each process's Python stack, folded, the odd one
                  named.
   run-script     Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the

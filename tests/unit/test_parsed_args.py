@@ -91,6 +91,7 @@ SAMPLE_ARGV = {
     "node-check": ["--expect", '{"gpus": 8}', "--dcgm-level", "2"],
     "stacks": ["--pid", "42,43"],
     "scan-log": ["--path", "/var/log/kern.log"],
+    "nccl-check": ["--op", "all_gather", "--ranks", "4", "--expect-busbw=431", "--budget", "60"],
 }
 
 

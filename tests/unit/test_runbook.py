@@ -78,11 +78,11 @@ def test_the_built_in_runbooks_load():
                  "rb.yaml:2: step: unknown key (did you mean 'steps'?)", id="unknown-top-key"),
     pytest.param("description: x\nsteps:\n  - task: ping\n  - task: gpu-stats\n",
                  "rb.yaml:4: steps[1].task: unknown task 'gpu-stats' (did you mean 'gpu-status'? tasks: "
-                 "ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, stacks, run-script)",
+                 "ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, nccl-check, stacks, run-script)",
                  id="unknown-task"),
     pytest.param("description: x\nsteps:\n  - args: {}\n",
                  "rb.yaml:3: steps[0].task: required (one of ping, gpu-status, check-attn, env-report, "
-                 "extract-smoke, scan-log, node-check, stacks, run-script)", id="no-task"),
+                 "extract-smoke, scan-log, node-check, nccl-check, stacks, run-script)", id="no-task"),
     pytest.param("description: x\nsteps:\n  - task: gpu-status\n    stop-if: fail\n",
                  "rb.yaml:4: steps[0].stop-if: unknown key (did you mean 'stop_if'?)", id="unknown-step-key"),
     pytest.param("description: x\nsteps:\n  - task: check-attn\n    args:\n      modle: x\n",

@@ -1,0 +1,1 @@
+"""nccl-check's client side: the fleet judgement (``fleet.py``)."""
