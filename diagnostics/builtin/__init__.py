@@ -128,6 +128,16 @@ def _nccl_judge(values: Values) -> Callable[[List[Any]], None]:
     return fleet.judge(values)
 
 
+def _nccl_check(values: Values) -> None:
+    from .nccl_check import fleet
+    fleet.percentage(values)
+
+
+def _nccl_run(opts: Any, values: Values, *, out=None) -> Any:
+    from .nccl_check import run as nccl_run
+    return nccl_run.run(opts, values, out=out)
+
+
 _NOT_A_RUNBOOK_OUTPUT = ("a runbook writes its report (and with --save each step's results); "
                          "run `mldiag node-check --{flag}` for this")
 
@@ -236,9 +246,14 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
          Arg("iters", "timed runs of each size (default 20)", kind="int"),
          Arg("budget", "seconds the measurement may take on a node (default 90)", kind="int"),
          Arg("fleet-pct", "a node below this % of the median of its peers measured alike is a "
-                          "fail (default 80; 3 nodes or more)", kind="int", client=True)),
+                          "fail (default 80; 3 nodes or more)", kind="int", client=True),
+         Arg("pairs", "measure the nodes two by two, in two passes (the slow node, or the slow "
+                      "link between two, named)", kind="bool", client=True,
+             not_in_runbook="a runbook step measures each node alone: run `mldiag nccl-check "
+                            "--pairs`")),
         companions=("nccl_tests.py", "nccl_thresholds.json"),
-        target_argv=_nccl_expect, least_timeout=_nccl_timeout, judge=_nccl_judge),
+        target_argv=_nccl_expect, least_timeout=_nccl_timeout, check=_nccl_check, judge=_nccl_judge,
+        run=_nccl_run),
     DiagnosticSpec(
         "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
                   "one named.",

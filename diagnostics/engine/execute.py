@@ -199,14 +199,17 @@ def run_diagnostic(spec, opts: Options, values: Mapping[str, Any], *,
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             after_table: Optional[Callable[[List[Result], TextIO], None]] = None,
             amend: Optional[Callable[[List[Result]], None]] = None,
-            targets: Optional[Sequence[Target]] = None) -> Outcome:
+            targets: Optional[Sequence[Target]] = None,
+            fan_out: Optional[Callable[..., List[Result]]] = None) -> Outcome:
     """Run ``job`` on the selected targets and print; the outcome's code is the worst status's.
     InputError before anything connects; ``errors.Interrupted`` after Ctrl-C, TERM or HUP
     (what arrived is saved first). ``amend``: a look at every result together before anything
     is saved or shown (node-check adds the fleet's baseline/majority findings there); with
     it, results are saved when all have arrived (or as they are, after an interrupt).
     ``targets``: run on these instead of the ones the options select (node-check --undrain
-    narrows a Slurm target to the nodes of its maintenance window)."""
+    narrows a Slurm target to the nodes of its maintenance window). ``fan_out``: how the targets
+    are run, ``runner.run_many``'s signature and answer (one result per target, in their order;
+    nccl-check --pairs runs them two by two, engine/groups.py)."""
     out = out or sys.stdout
     timeout = parse_positive_number("--timeout", opts.timeout)
     parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
@@ -240,9 +243,9 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         progress.add(result)
 
     try:
-        results = runner.run_many(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
-                                  on_result=arrived,
-                                  on_progress=progress.event if progress.live else None)
+        results = (fan_out or runner.run_many)(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
+                                               on_result=arrived,
+                                               on_progress=progress.event if progress.live else None)
     except KeyboardInterrupt as interrupt:   # Ctrl-C, or TERM/HUP (termination.Terminated)
         # run_many has closed every connection: the remote runtimes see stdin close and stop
         code = termination.exit_code_of(interrupt)

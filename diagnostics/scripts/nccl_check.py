@@ -90,6 +90,11 @@ def build_parser():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole measurement")
     p.add_argument("--expect-busbw", type=float, default=None, help="GB/s a healthy node reaches")
+    # a group of nodes (the engine starts one run per node, each told its place): this node's
+    # ranks are node_rank*ranks ... +ranks-1 of nodes*ranks, meeting at MASTER (ADDR:PORT)
+    p.add_argument("--node-rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--master", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)   # a rank of the torch run
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -107,18 +112,19 @@ def sizes(min_bytes, max_bytes):
 
 
 def worker(args):
-    """One rank: join the group on 127.0.0.1:PORT, time each size; rank 0 prints the rows as
-    one JSON line. Imports torch (the parent never does)."""
+    """One rank: join the group at --master (127.0.0.1:PORT on one node), time each size; the
+    node's first rank prints the rows (each size's time is the slowest rank's, the same on every
+    rank) as one JSON line. Imports torch (the parent never does)."""
     import datetime
     import torch
     import torch.distributed as dist
-    rank, world = args.worker, args.ranks
+    rank, world = args.node_rank * args.ranks + args.worker, args.nodes * args.ranks
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     backend = "nccl" if cuda else "gloo"
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
+    dist.init_process_group(backend, init_method="tcp://%s" % (args.master or "127.0.0.1:%d" % args.port), rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=max(5.0, args.budget)))
 
     def sync():
@@ -152,7 +158,7 @@ def worker(args):
                             device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)      # a size takes as long as its slowest rank
         rows.append({"size": size, "count": count, "time_us": took.item() * 1e6})
-    if rank == 0:
+    if args.worker == 0:
         print(json.dumps({"backend": "torch-" + backend, "torch": torch.__version__,
                           "device": torch.cuda.get_device_name(device) if cuda else "cpu",
                           "rows": rows}))
@@ -196,12 +202,16 @@ def run_torch(args, ranks, max_bytes):
     port = free_port()
     argv = [sys.executable, os.path.abspath(__file__), "--op", args.op, "--ranks", str(ranks),
             "--min-bytes", str(args.min_bytes), "--max-bytes", str(max_bytes), "--warmup", str(args.warmup),
-            "--iters", str(args.iters), "--budget", str(args.budget), "--port", str(port)]
-    # the ranks are all on this node: they meet, and gloo and NCCL bootstrap, on loopback
-    # (where the node's name resolves to no address of its own, as in many containers)
+            "--iters", str(args.iters), "--budget", str(args.budget), "--port", str(port),
+            "--node-rank", str(args.node_rank), "--nodes", str(args.nodes)]
+    if args.master:
+        argv += ["--master", args.master]
     env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if args.nodes == 1:
+        # the ranks are all on this node: they meet, and gloo and NCCL bootstrap, on loopback
+        # (where the node's name resolves to no address of its own, as in many containers)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     procs = []
     deadline = time.monotonic() + args.budget
     try:
@@ -452,9 +462,13 @@ def summarise(data, findings):
         return ("not measured: " if bad and bad[0]["code"] == "not-measured" else "") + \
             (bad[0]["message"] if bad else "nothing measured")
     size, busbw = busbw_at(rows, None)
-    head = "%s over %d %s (%s): busbw %.2f GB/s at %s" % (
-        data["op"].replace("_", "-"), data["ranks"], "GPUs" if data["backend"] != "torch-gloo" else "ranks",
-        data["backend"], busbw, fmt_bytes(size))
+    unit = "GPUs" if data["backend"] != "torch-gloo" else "ranks"
+    group = data.get("group")
+    if data["ranks"] == 1:
+        unit = unit[:-1]
+    over = ("%d nodes x %d %s" % (group["nodes"], data["ranks"], unit)) if group else "%d %s" % (data["ranks"], unit)
+    head = "%s over %s (%s): busbw %.2f GB/s at %s" % (data["op"].replace("_", "-"), over, data["backend"],
+                                                        busbw, fmt_bytes(size))
     return head + ("; " + bad[0]["code"] if bad else "")
 
 
@@ -470,7 +484,8 @@ def run(args):
         return {"status": "warn", "summary": "not measured: " + f["message"], "findings": [f], "data": data}
     findings = []
     binary = None
-    if args.backend in ("auto", "nccl-tests") and names:
+    # nccl-tests across nodes needs MPI to start it: a group is measured with torch
+    if args.backend in ("auto", "nccl-tests") and names and args.nodes == 1:
         binary = find_nccl_tests(args.op, args.nccl_tests)
     import importlib.util
     has_torch = importlib.util.find_spec("torch") is not None
@@ -486,7 +501,7 @@ def run(args):
             ranks = None
             findings = [finding("launch-failed", "torch could not be imported here: %s" % why)]
         else:
-            ranks = args.ranks or cuda or DEFAULT_CPU_RANKS
+            ranks = args.ranks or cuda or (DEFAULT_CPU_RANKS if args.nodes == 1 else 1)
             max_bytes = args.max_bytes or (GPU_MAX_BYTES if cuda else CPU_MAX_BYTES)
             doc, findings = run_torch(args, ranks, max_bytes)
         data["backend"] = (doc or {}).get("backend") or ("torch-nccl" if cuda else "torch-gloo")
@@ -499,18 +514,22 @@ def run(args):
             why.append("no torch in %s" % sys.executable)
         findings.append(finding("not-measured", ", ".join(why)))
     data["ranks"] = ranks
+    if args.nodes > 1:
+        data["group"] = {"node_rank": args.node_rank, "nodes": args.nodes, "master": args.master}
     if doc is not None:
         data.update((k, v) for k, v in doc.items() if k not in ("rows", "backend"))
     if doc is not None and doc.get("rows"):
-        data["rows"] = with_bandwidth(doc["rows"], args.op, ranks, nt)
+        data["rows"] = with_bandwidth(doc["rows"], args.op, (ranks or 1) * args.nodes, nt)
         threshold = None
         if names and data["backend"] != "torch-gloo":
             try:
                 threshold = nt.threshold_for(names[0], op=args.op, gpus=ranks)
             except (OSError, ValueError) as e:     # nccl_thresholds.json missing or unreadable
                 data["thresholds_error"] = "%s: %s" % (type(e).__name__, e)
-        # hosts.yaml's figure is an all-reduce's (expect: {allreduce_busbw: GBPS})
-        findings.extend(judge(data, args.expect_busbw if args.op == "all_reduce" else None, threshold))
+        # hosts.yaml's figure is one node's all-reduce (expect: {allreduce_busbw: GBPS}); a group's
+        # bandwidth is judged by the client against the other groups'
+        if args.nodes == 1:
+            findings.extend(judge(data, args.expect_busbw if args.op == "all_reduce" else None, threshold))
     status = _remote.worst_status(findings)
     return {"status": status, "summary": summarise(data, findings), "findings": findings, "data": data}
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.integration.test_diagnostics_remote import ct, hosts_file, packages_in_ct
+from tests.integration.test_diagnostics_remote import VENV_PY, ct, hosts_file, packages_in_ct
 from tests.programs import mldiag, start_mldiag
 
 
@@ -23,13 +23,14 @@ def torch_hosts(lab):
 
 
 def ranks_running():
-    """(pid, command line) of every rank of an nccl-check run on this machine, its containers'
-    included (they share its kernel: their processes are in its process list)."""
+    """(pid, command line) of every rank of an nccl-check run in the CT: this machine's process
+    list holds its containers' processes too (one kernel), the CT's ranks are those started by its
+    interpreter (a test run elsewhere on this machine starts its ranks with another)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     found = []
     for line in out.splitlines():
         pid, _, args = line.strip().partition(" ")
-        if "nccl_check.py" in args and "--worker" in args:
+        if args.startswith(VENV_PY + " ") and "nccl_check.py" in args and "--worker" in args:
             found.append((int(pid), args))
     return found
 

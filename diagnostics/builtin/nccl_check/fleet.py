@@ -56,14 +56,7 @@ def below_fleet(results: List[Result], pct: float = DEFAULT_PCT) -> Dict[str, Fi
 
 def judge(values: Mapping[str, Any]) -> Callable[[List[Result]], None]:
     """The fleet judgement of the task and of a runbook step alike (``--fleet-pct``)."""
-    pct = values.get("fleet-pct")
-    pct = DEFAULT_PCT if pct in (None, "") else pct
-    try:
-        pct = float(pct)
-    except (TypeError, ValueError):
-        raise InputError(f"--fleet-pct: expected a percentage, got {pct!r}") from None
-    if not 0 < pct <= 100:
-        raise InputError(f"--fleet-pct: expected a percentage from 1 to 100, got {pct:g}")
+    pct = percentage(values)
 
     def amend(results: List[Result]) -> None:
         slow = below_fleet(results, pct)
@@ -74,3 +67,16 @@ def judge(values: Mapping[str, Any]) -> Callable[[List[Result]], None]:
             result.findings.append(extra)
             result.status = results_mod.worst_status([result.status, extra.level])
     return amend
+
+
+def percentage(values: Mapping[str, Any]) -> float:
+    """``--fleet-pct`` (default DEFAULT_PCT), checked before anything runs."""
+    pct = values.get("fleet-pct")
+    pct = DEFAULT_PCT if pct in (None, "") else pct
+    try:
+        pct = float(pct)
+    except (TypeError, ValueError):
+        raise InputError(f"--fleet-pct: expected a percentage, got {pct!r}") from None
+    if not 0 < pct <= 100:
+        raise InputError(f"--fleet-pct: expected a percentage from 1 to 100, got {pct:g}")
+    return pct
