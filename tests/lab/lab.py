@@ -35,6 +35,7 @@ SESSION_VARS = (SESSION_ENV, PCT_ENV, "CONTAINERS_CONF", "CONTAINERS_STORAGE_CON
                 "SLURM_CONF")
 
 CT_RUNNING, CT_STOPPED = 200, 201
+FLEET_NODES = 6          # lab.fleet(): nodes on one cluster network, for collectives across nodes
 VENV = "/root/venv"
 PODBOX = "podbox"
 
@@ -44,7 +45,7 @@ SSH_USERS = ("mlsh", "mlzsh", "nosudo", "root")
 PROGRAMS = {
     "ssh": ["/usr/sbin/sshd", "ssh", "ssh-keygen", "sudo", "visudo", "useradd", "usermod",
             "/usr/bin/zsh", "/bin/sh", "/usr/bin/python3"],
-    "netns": ["ip", "sysctl", "iptables"],
+    "netns": ["ip", "sysctl", "iptables", "tc"],
     "lxc": ["lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "ldd", "/usr/bin/python3.11"],
     "podman": ["/usr/bin/podman", "runc", "conmon"],
     "slurm": slurm.PROGRAMS,
@@ -129,6 +130,8 @@ class Lab:
         self.servers: Dict[str, sshd.SshServer] = {}
         self.users = users.USERS
         self.jumpnet: Optional[netns.JumpNet] = None
+        self.fleetnet: Optional[netns.FleetNet] = None
+        self._fleet_lock = threading.Lock()
         self.podman: Optional[Podman] = None
         self.ct_running, self.ct_stopped, self.podbox = CT_RUNNING, CT_STOPPED, PODBOX
         self.venv_python = f"{VENV}/bin/python"
@@ -447,16 +450,52 @@ class Lab:
             s.start_on_a_free_port(pick, authorized_keys_dir=self.dir / "authorized_keys",
                                    setenv=setenv, version=version)
             self._write_state()
+        self._write_ssh_files()
+
+    def _write_ssh_files(self) -> None:
+        """known_hosts and ssh_config for every server, in the lab's dir and its home's ~/.ssh."""
         self.known_hosts.write_text(sshd.known_hosts_text(self.servers.values()))
         self.ssh_config.write_text(sshd.ssh_config_text(self.servers.values(), self.identity,
                                                          self.known_hosts))
         ssh_dir = self.home / ".ssh"
-        ssh_dir.mkdir(parents=True, mode=0o700)
+        ssh_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
         shutil.copy(self.identity, ssh_dir / "id_ed25519")
         shutil.copy(self.identity_pub, ssh_dir / "id_ed25519.pub")
         shutil.copy(self.known_hosts, ssh_dir / "known_hosts")
         (ssh_dir / "config").write_text(sshd.ssh_config_text(
             self.servers.values(), ssh_dir / "id_ed25519", ssh_dir / "known_hosts"))
+
+    def fleet(self) -> List[sshd.SshServer]:
+        """FLEET_NODES nodes on one cluster network (tests/lab/netns.py: FleetNet), an sshd in
+        each (servers ``f1`` ...; address and port 22 in its namespace, reached directly: the
+        client's namespace holds the bridge); built on the first call, later calls return them."""
+        self.need("netns")
+        with self._fleet_lock:
+            if self.fleetnet is None:
+                self.fleetnet = netns.setup_fleet(self.sid, FLEET_NODES)
+                self._write_state()
+                setenv = {"PATH": self.path, **self.session_env}
+                version = sshd.openssh_version()
+                for i, (ns, address) in enumerate(zip(self.fleetnet.nodes, self.fleetnet.addrs)):
+                    name = f"f{i + 1}"
+                    d = self.dir / "sshd" / name
+                    d.mkdir(parents=True)
+                    s = sshd.SshServer(name=name, address=address, port=22, dir=d, generous=True, netns=ns)
+                    s.aliases = {u: (name if u == "mlsh" else f"{name}-{u}") for u in SSH_USERS}
+                    s.host_key_pub = sshd.keygen(s.host_key, f"mldiag-lab-{name}")
+                    self.servers[name] = s
+                    s.start_on_a_free_port(None, authorized_keys_dir=self.dir / "authorized_keys",
+                                           setenv=setenv, version=version)
+                    self._write_state()
+                self._write_ssh_files()
+            return [self.servers[f"f{i + 1}"] for i in range(FLEET_NODES)]
+
+    def slow_fleet_link(self, node: int, rate: str = "200mbit") -> None:
+        """Fleet node ``node`` (0-based) gets a slow link: ``rate``, both directions."""
+        netns.slow_link(self.fleetnet, node, rate)
+
+    def restore_fleet_link(self, node: int) -> None:
+        netns.restore_link(self.fleetnet, node)
 
     def node_check_cts(self) -> Dict[int, "nodecheck.NodeCT"]:
         """The node-check CTs (tests/lab/nodecheck.py: 210 `h200-ok`, 211 `h200-bad`), defined
@@ -642,6 +681,7 @@ class Lab:
             "podman": ({"conf": str(self.podman.conf), "storage_conf": str(self.podman.storage_conf),
                         "names": [PODBOX]} if self.podman else None),
             "jumpnet": self.jumpnet.__dict__ if self.jumpnet else None,
+            "fleetnet": self.fleetnet.__dict__ if self.fleetnet else None,
             "slurm": self.slurm.state() if self.slurm else None,
         }
 
@@ -705,6 +745,8 @@ def teardown_state(state: dict, remove_dir: bool) -> None:
                             and p != os.getpid()], timeout=10)
     if state.get("jumpnet"):
         netns.teardown(netns.JumpNet(**state["jumpnet"]))
+    if state.get("fleetnet"):
+        netns.teardown_fleet(netns.FleetNet(**state["fleetnet"]))
     # the global files go with the last session on this machine
     if not _live_sessions(d.parent, but=d):
         for f in (users.SUDOERS_FILE, PCT_CONF):

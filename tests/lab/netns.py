@@ -108,3 +108,69 @@ def teardown(net: JumpNet) -> None:
     run(["ip", "link", "del", net.veth_root], check=False)
     for ns in (net.ns_inner, net.ns_jump):
         run(["ip", "netns", "del", ns], check=False)
+
+
+# --------------------------------------------------------------------------- a fleet
+
+@dataclass
+class FleetNet:
+    """Nodes of a cluster network: each a network namespace whose ``eth0`` is on one bridge in
+    the root namespace (the client's side, which holds the bridge's address), so the nodes reach
+    one another directly, as a cluster's nodes do, and a link can be slowed one node at a time
+    (``tc ... tbf`` on either end of its veth: this kernel has no netem)."""
+    sid: str
+    subnet: str              # the /24 the fleet uses
+    bridge: str
+    bridge_addr: str
+    nodes: List[str]         # namespace names
+    addrs: List[str]         # each node's address, on eth0 inside its namespace
+    root_ends: List[str]     # each node's veth end in the root namespace (on the bridge)
+
+
+FLEET_DEV = "eth0"
+
+
+def setup_fleet(sid: str, n: int) -> FleetNet:
+    used = _used_24s()
+    choices = [k for k in range(1, 255) if f"10.213.{k}" not in used]
+    if not choices:
+        raise LabError("no free /24 left in 10.213.0.0/16 for the fleet namespaces")
+    p = f"10.213.{random.choice(choices)}"
+    net = FleetNet(sid=sid, subnet=f"{p}.0/24", bridge=f"mlb{sid}", bridge_addr=f"{p}.1",
+                   nodes=[f"mldiag-{sid}-f{i + 1}" for i in range(n)],
+                   addrs=[f"{p}.{11 + i}" for i in range(n)],
+                   root_ends=[f"mlf{sid}{i + 1}" for i in range(n)])
+    try:
+        root = [f"link add {net.bridge} type bridge", f"addr add {net.bridge_addr}/24 dev {net.bridge}",
+                f"link set {net.bridge} up"]
+        for ns, end in zip(net.nodes, net.root_ends):
+            root += [f"netns add {ns}", f"link add {end} type veth peer name {FLEET_DEV} netns {ns}",
+                     f"link set {end} master {net.bridge}", f"link set {end} up"]
+        run(["ip", "-batch", "-"], input="\n".join(root) + "\n")
+        for ns, addr in zip(net.nodes, net.addrs):
+            lines = [f"addr add {addr}/24 dev {FLEET_DEV}", "link set lo up", f"link set {FLEET_DEV} up"]
+            run(["ip", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n")
+    except Exception:
+        teardown_fleet(net)
+        raise
+    return net
+
+
+def slow_link(net: FleetNet, node: int, rate: str = "200mbit") -> None:
+    """Node ``node``'s link (both directions) limited to ``rate`` by a token bucket."""
+    tbf = ["root", "tbf", "rate", rate, "burst", "64kbit", "latency", "400ms"]
+    run(["tc", "qdisc", "replace", "dev", net.root_ends[node], *tbf])
+    run(["ip", "netns", "exec", net.nodes[node], "tc", "qdisc", "replace", "dev", FLEET_DEV, *tbf])
+
+
+def teardown_fleet(net: FleetNet) -> None:
+    """Remove the nodes' namespaces (their veths go with them) and the bridge. Never raises."""
+    for ns in net.nodes:
+        run(["ip", "netns", "del", ns], check=False)
+    run(["ip", "link", "del", net.bridge], check=False)
+
+
+def restore_link(net: FleetNet, node: int) -> None:
+    """Node ``node``'s link back to full speed. Never raises."""
+    run(["tc", "qdisc", "del", "dev", net.root_ends[node], "root"], check=False)
+    run(["ip", "netns", "exec", net.nodes[node], "tc", "qdisc", "del", "dev", FLEET_DEV, "root"], check=False)
