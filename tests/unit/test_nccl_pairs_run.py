@@ -15,12 +15,13 @@ from tests.programs import mldiag, result_of, space_free_python
 SMALL = ["--max-bytes", str(2 ** 20), "--iters", "2", "--budget", "60"]
 
 
-def hosts(tmp_path, broken=()):
+def hosts(tmp_path, broken=(), missing=()):
     """Local targets n1..n4 with this venv's torch; those in ``broken`` get the system python3,
-    which has none."""
+    which has none; those in ``missing`` an interpreter that does not exist."""
     lines = ["hosts:"]
     for name in ("n1", "n2", "n3", "n4"):
-        python = "/usr/bin/python3" if name in broken else space_free_python()
+        python = "/usr/bin/python3" if name in broken else "/nonexistent/python3" if name in missing \
+            else space_free_python()
         lines.append(f"  {name}: {{local: true, python: {python}}}")
     path = tmp_path / "hosts.yaml"
     path.write_text("\n".join(lines) + "\n")
@@ -62,6 +63,18 @@ def ranks_left():
     import subprocess
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "nccl_check.py" in line and "--nodes 2" in line]
+
+
+def test_a_node_whose_interpreter_is_missing_is_its_error_row_and_ends_its_partners_run(tmp_path):
+    """n2 cannot start at all: its row is the interpreter error; n1, whose ranks were waiting for
+    n2's, is ended at once (not after its 60 s budget), tried again with n3, and passes."""
+    r, docs = run_pairs(hosts(tmp_path, missing={"n2"}))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert (docs["n2"]["status"], docs["n2"]["error"]["layer"]) == ("error", "interpreter")
+    n1 = docs["n1"]
+    assert [(p["pass"], p["with"], p["slow"]) for p in n1["data"]["pairs"]] == [(1, "n2", True), (2, "n3", False)]
+    assert n1["status"] == "ok" and n1["findings"] == []
+    assert ranks_left() == []
 
 
 def test_pairs_is_not_a_runbook_steps_flag():
