@@ -129,8 +129,9 @@ def _nccl_judge(values: Values) -> Callable[[List[Any]], None]:
 
 
 def _nccl_check(values: Values) -> None:
-    from .nccl_check import fleet
+    from .nccl_check import fleet, passed
     fleet.percentage(values)
+    passed.valid_for(values)
 
 
 def _nccl_run(opts: Any, values: Values, *, out=None) -> Any:
@@ -250,7 +251,12 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
          Arg("pairs", "measure the nodes two by two, in two passes (the slow node, or the slow "
                       "link between two, named)", kind="bool", client=True,
              not_in_runbook="a runbook step measures each node alone: run `mldiag nccl-check "
-                            "--pairs`")),
+                            "--pairs`"),
+         Arg("valid-for", "skip a node that passed within this many hours (default 24; 0: "
+                          "measure every node)", kind="int", client=True,
+             not_in_runbook="a runbook step measures every node"),
+         Arg("force", "measure every node, even one that passed lately", kind="bool", client=True,
+             not_in_runbook="a runbook step measures every node")),
         companions=("nccl_tests.py", "nccl_thresholds.json"),
         target_argv=_nccl_expect, least_timeout=_nccl_timeout, check=_nccl_check, judge=_nccl_judge,
         run=_nccl_run),

@@ -8,24 +8,20 @@ name, and the next run sends it (``--known``): two calls, and ``--version`` only
 change. Wrong or stale memory is never wrong data: the target checks the driver it sees and
 falls back to asking.
 
-The file is ``nvidia-smi.json`` in ``$MLDIAG_CACHE_DIR``, else ``$XDG_CACHE_HOME/mldiag``, else
-``~/.cache/mldiag``: written as ``--save DIR`` is (``savedir.SaveDir``: a 0700 directory of our
-own, never a link nor one others can write; a fresh ``O_EXCL|O_NOFOLLOW`` temp file renamed
-over the name), read only if it is a regular file of ours. What targets said is validated before it is kept (it is sent back to the
-same target only). Best effort: a cache that cannot be read or written is simply not used.
+The file is ``nvidia-smi.json`` in the user's cache (``core/usercache.py``: private, written as
+``--save DIR`` is, read only if it is ours). What targets said is validated before it is kept
+(it is sent back to the same target only). Best effort: a cache that cannot be read or written
+is simply not used.
 """
 
 import json
-import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ...core.errors import InputError
-from ...core.ownfile import read_own
-from ...core.savedir import SaveDir
+from ...core import usercache
+from ...core.usercache import cache_dir
 
 FILE = "nvidia-smi.json"
 MAX_BYTES = 4 * 1024 * 1024
@@ -33,24 +29,6 @@ MAX_TARGETS = 10000                 # entries kept, the most recently seen
 MAX_FIELDS = 64
 VERSION = re.compile(r"^[0-9][0-9.]{0,19}$")
 FIELD = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
-
-
-def cache_dir() -> Optional[Path]:
-    for var, sub in (("MLDIAG_CACHE_DIR", ""), ("XDG_CACHE_HOME", "mldiag")):
-        value = os.environ.get(var)
-        if value:
-            return Path(value) / sub if sub else Path(value)
-    home = os.path.expanduser("~")
-    return Path(home) / ".cache" / "mldiag" if home and home != "~" else None
-
-
-def _own_dir(path: Path) -> bool:
-    """A directory of ours, not a link."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
 def entry(raw: Any) -> Optional[Dict[str, Any]]:
@@ -68,14 +46,7 @@ def entry(raw: Any) -> Optional[Dict[str, Any]]:
 
 
 def load(directory: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:
-    directory = directory or cache_dir()
-    if directory is None or not _own_dir(directory):
-        return {}
-    data = read_own(directory / FILE, MAX_BYTES)
-    try:
-        raw = json.loads(data.decode("utf-8")) if data is not None else None
-    except ValueError:
-        return {}
+    raw = usercache.read_json(FILE, MAX_BYTES, directory)
     if not isinstance(raw, dict):
         return {}
     kept = {name: e for name, e in ((n, entry(v)) for n, v in raw.items() if isinstance(n, str))
@@ -123,9 +94,5 @@ def remember(results: Sequence[Any], directory: Optional[Path] = None) -> None:
     merged.update(new)
     if len(merged) > MAX_TARGETS:
         merged = dict(sorted(merged.items(), key=lambda kv: kv[1]["seen"])[-MAX_TARGETS:])
-    try:                                # --save's writer: 0700 dir of ours, O_EXCL|O_NOFOLLOW + rename
-        with SaveDir.open(str(directory)) as cache:
-            cache.write_json(FILE, merged)
-    except (InputError, OSError):
-        pass
+    usercache.write_json(FILE, merged, directory)
     _loaded.pop(str(directory), None)

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
-from . import fleet, pairs
+from . import fleet, pairs, passed
 from ...core.outcome import Outcome
 from ...core.results import Finding, Result
-from ...engine import execute as engine, groups, jobs
+from ...engine import execute as engine, groups, jobs, runner
 from ...inventory.targets import Target
 
 HINTS = {
@@ -140,9 +140,13 @@ def pairs_fan_out(pct: float) -> Callable[..., List[Result]]:
 
 
 def run(opts: engine.Options, values: Mapping[str, Any], *, out: Optional[TextIO] = None) -> Outcome:
-    """The nccl-check task: each node alone, judged with its fleet; with --pairs, two by two."""
+    """The nccl-check task: each node alone, judged with its fleet; with --pairs, two by two;
+    either way without the nodes that passed lately (passed.py)."""
+    op = values.get("op") or "all_reduce"
+    valid_s = passed.valid_for(values)
     if not values.get("pairs"):
-        return engine.execute(opts, jobs.job_source("nccl-check", values), out=out,
-                              amend=fleet.judge(values))
+        return engine.execute(opts, jobs.job_source("nccl-check", values), out=out, amend=fleet.judge(values),
+                              fan_out=passed.skipping(runner.run_many, op, valid_s))
     pct = fleet.percentage(values)
-    return engine.execute(opts, jobs.job_source("nccl-check", values), out=out, fan_out=pairs_fan_out(pct))
+    return engine.execute(opts, jobs.job_source("nccl-check", values), out=out,
+                          fan_out=passed.skipping(pairs_fan_out(pct), op + " pairs", valid_s))
