@@ -66,7 +66,8 @@ def run_group(members: Sequence[Target], member_job: MemberJob, *, port: Optiona
                 result = future.result()
                 if ended_by is not None and result.status != "ok":
                     result = _ended(result, ended_by)
-                elif result.status != "ok" and ended_by is None and len(results) - results.count(None) < len(members) - 1:
+                elif result.status != "ok" and ended_by is None and \
+                        any(r is None for j, r in enumerate(results) if j != i):   # others still run
                     ended_by = members[i].name
                     stopper.stop()
                     pool.close()

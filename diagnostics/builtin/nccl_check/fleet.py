@@ -71,12 +71,20 @@ def judge(values: Mapping[str, Any]) -> Callable[[List[Result]], None]:
 
 def percentage(values: Mapping[str, Any]) -> float:
     """``--fleet-pct`` (default DEFAULT_PCT), checked before anything runs."""
-    pct = values.get("fleet-pct")
-    pct = DEFAULT_PCT if pct in (None, "") else pct
+    return number_flag(values, "fleet-pct", DEFAULT_PCT, "a percentage from 1 to 100", lambda v: 0 < v <= 100)
+
+
+def number_flag(values: Mapping[str, Any], name: str, default: float, expected: str,
+                fits: Callable[[float], bool]) -> float:
+    """nccl-check's numeric client flag ``name``: ``default`` when not given, else a number that
+    ``fits``; anything else is bad input naming the flag and ``expected``."""
+    value = values.get(name)
+    if value in (None, ""):
+        return float(default)
     try:
-        pct = float(pct)
+        number = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"--fleet-pct: expected a percentage, got {pct!r}") from None
-    if not 0 < pct <= 100:
-        raise InputError(f"--fleet-pct: expected a percentage from 1 to 100, got {pct:g}")
-    return pct
+        number = None
+    if number is None or not fits(number):
+        raise InputError(f"--{name}: expected {expected}, got {value!r}")
+    return number

@@ -7,8 +7,8 @@ written is simply not used (``core/usercache.py``)."""
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from . import fleet
 from ...core import usercache
-from ...core.errors import InputError
 from ...core.results import Result
 
 FILE = "nccl-check.json"
@@ -19,14 +19,7 @@ DEFAULT_VALID_H = 24
 
 def valid_for(values: Mapping[str, Any]) -> float:
     """``--valid-for`` in seconds (0 with ``--force``), checked before anything runs."""
-    hours = values.get("valid-for")
-    hours = DEFAULT_VALID_H if hours in (None, "") else hours
-    try:
-        hours = float(hours)
-    except (TypeError, ValueError):
-        raise InputError(f"--valid-for: expected hours, got {hours!r}") from None
-    if hours < 0:
-        raise InputError(f"--valid-for: expected hours from 0, got {hours:g}")
+    hours = fleet.number_flag(values, "valid-for", DEFAULT_VALID_H, "hours from 0", lambda v: v >= 0)
     return 0.0 if values.get("force") else hours * 3600.0
 
 
@@ -58,9 +51,8 @@ def passed_busbw(result: Result) -> Optional[float]:
         return None
     if isinstance(data.get("best_busbw"), (int, float)):          # --pairs: its best pair
         return float(data["best_busbw"])
-    rows = [r for r in data.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("busbw"), (int, float))
-            and isinstance(r.get("size"), int)]
-    return float(max(rows, key=lambda r: r["size"])["busbw"]) if rows else None
+    got = fleet.measured(result)
+    return got[1] if got is not None else None
 
 
 def remember(results: Sequence[Result], op: str, now: float, directory=None) -> None:
