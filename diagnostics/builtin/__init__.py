@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..core.errors import InputError
 from ..core.paths import SCRIPTS_DIR
 from ..engine.registry import Arg, DiagnosticSpec, Registry, Values
 
@@ -132,11 +133,45 @@ def _nccl_check(values: Values) -> None:
     from .nccl_check import fleet, passed
     fleet.percentage(values)
     passed.valid_for(values)
+    if values.get("across") and values.get("pairs"):
+        raise InputError("nccl-check: --across and --pairs are two ways to group the nodes: give one")
+
+
+def _nccl_fan_out(values: Values) -> Any:
+    from .nccl_check import run as nccl_run
+    return nccl_run.fan_out(values)
 
 
 def _nccl_run(opts: Any, values: Values, *, out=None) -> Any:
     from .nccl_check import run as nccl_run
     return nccl_run.run(opts, values, out=out)
+
+
+# gpu-perf: hosts.yaml's expect keys -> the script's flags (bf16 GEMM TFLOPS, device copy and
+# host<->device GB/s per GPU)
+_GPU_PERF_EXPECT = (("gemm_tflops", "--expect-gemm"), ("hbm_gbps", "--expect-hbm"), ("h2d_gbps", "--expect-h2d"))
+_GPU_PERF_BUDGETS = {"quick": 30, "standard": 120, "full": 900}     # gpu_perf.py's TIERS
+
+
+def _gpu_perf_expect(target: Any) -> List[str]:
+    expect = target.expect_dict
+    return [f"{flag}={expect[key]}" for key, flag in _GPU_PERF_EXPECT if expect.get(key) is not None]
+
+
+def _gpu_perf_timeout(values: Values) -> Optional[float]:
+    """The tier's budget (or --budget), and a minute for the start and the result."""
+    budget = _GPU_PERF_BUDGETS.get(values.get("tier") or "quick", 900)     # a bad tier: refused after
+    if values.get("budget"):
+        budget = min(budget, int(values["budget"]))
+    return float(budget) + 60.0
+
+
+def _gpu_perf_check(values: Values) -> None:
+    budget, pct = values.get("budget"), values.get("peer-pct")
+    if budget is not None and not 1 <= int(budget) <= 900:
+        raise InputError(f"gpu-perf: --budget: expected seconds from 1 to 900, got {budget}")
+    if pct is not None and not 0 < int(pct) <= 100:
+        raise InputError(f"gpu-perf: --peer-pct: expected a percentage from 1 to 100, got {pct}")
 
 
 _NOT_A_RUNBOOK_OUTPUT = ("a runbook writes its report (and with --save each step's results); "
@@ -249,9 +284,9 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
          Arg("fleet-pct", "a node below this % of the median of its peers measured alike is a "
                           "fail (default 80; 3 nodes or more)", kind="int", client=True),
          Arg("pairs", "measure the nodes two by two, in two passes (the slow node, or the slow "
-                      "link between two, named)", kind="bool", client=True,
-             not_in_runbook="a runbook step measures each node alone: run `mldiag nccl-check "
-                            "--pairs`"),
+                      "link between two, named)", kind="bool", client=True),
+         Arg("across", "one collective across all the selected nodes, started together (the "
+                       "group's bandwidth; nothing skipped as passed)", kind="bool", client=True),
          Arg("valid-for", "skip a node that passed within this many hours (default 24; 0: "
                           "measure every node)", kind="int", client=True,
              not_in_runbook="a runbook step measures every node"),
@@ -259,7 +294,22 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
              not_in_runbook="a runbook step measures every node")),
         companions=("nccl_tests.py", "nccl_thresholds.json"),
         target_argv=_nccl_expect, least_timeout=_nccl_timeout, check=_nccl_check, judge=_nccl_judge,
-        run=_nccl_run),
+        run=_nccl_run, fan_out=_nccl_fan_out),
+    DiagnosticSpec(
+        "gpu-perf", "Each GPU under load: GEMM TFLOPS, HBM and host<->device GB/s, against its "
+                    "model's figures and its peers.",
+        (Arg("tier", "quick (<= 30 s, a prolog), standard (<= 2 min, an epilog), full (<= 15 min, "
+                     "qualification, with nvbandwidth)", choices=("quick", "standard", "full"),
+             metavar="TIER"),
+         Arg("budget", "seconds the measuring may take (default: the tier's)", kind="int"),
+         Arg("peer-pct", "a GPU below this % of the median of the node's GPUs is slow "
+                         "(default 85)", kind="int"),
+         Arg("device", "auto | cuda | cpu (cpu: the host's own matmul and memory copy)",
+             choices=("auto", "cuda", "cpu"), metavar="DEVICE"),
+         Arg("nvbandwidth", "the nvbandwidth binary on the target (full tier; default: on "
+                            "PATH)", metavar="PATH")),
+        companions=("nvbandwidth.py", "nccl_tests.py", "gpu_perf_figures.json"),
+        target_argv=_gpu_perf_expect, least_timeout=_gpu_perf_timeout, check=_gpu_perf_check),
     DiagnosticSpec(
         "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
                   "one named.",

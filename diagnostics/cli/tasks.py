@@ -341,11 +341,13 @@ class RunbookTask(MldiagTask):
     param="a runbook parameter, NAME=VALUE (repeatable), e.g. --param log=/var/log/train.log",
     format="report format: md (default) or json (--json is the same as --format json)",
     save="directory to write report.md, report.json and each step's results (steps/NN-STEP/)",
+    drain="Slurm: after the run, drain the nodes whose worst action in any step is drain or "
+          "worse (node-check's tagged reason; node-check --undrain resumes them)",
     **{"runbooks-dir": "another directory of runbook files (repeatable; searched after the "
                        "built-in ones and hosts.yaml's runbooks:)"}))
 def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=None, host=None,
             group=None, hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-            keep_remote=False, no_color=False):
+            keep_remote=False, no_color=False, drain=False):
     """Run a runbook's steps on the targets and print one report (Markdown or JSON)."""
     from ..runbooks import run as runbook_run   # here: every other task's start-up skips its import (~40 ms)
     if list_:
@@ -353,7 +355,7 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False,
                     no_color)
     return runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [],
-                               fmt=format)
+                               fmt=format, drain=drain)
 
 
 def collection(found: registry.Registry) -> Collection:

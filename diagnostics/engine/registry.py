@@ -22,6 +22,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..core.errors import InputError
 from ..core.paths import SCRIPTS_DIR
 KINDS = ("text", "int", "bool", "model", "file")
 
@@ -88,6 +89,10 @@ def _options_as_given(opts: Any, values: Values) -> Any:
     return opts
 
 
+def _each_alone(values: Values) -> Optional[Callable[..., List[Any]]]:
+    return None
+
+
 @dataclass(frozen=True)
 class DiagnosticSpec:
     name: str                    # the task name and a runbook step's ``task:``
@@ -117,6 +122,10 @@ class DiagnosticSpec:
     options: Callable[[Any, Values], Any] = _options_as_given
     # a task whose run is more than one fan-out: run(opts, values, out=...) -> Outcome
     run: Optional[Callable[..., Any]] = None
+    # how the targets are run together, given the values: ``runner.run_many``'s signature and
+    # answer, the task's and a runbook step's alike (nccl-check --pairs: two by two); None: each
+    # target on its own
+    fan_out: Callable[[Values], Optional[Callable[..., List[Any]]]] = _each_alone
 
     @property
     def script_name(self) -> str:
@@ -135,9 +144,20 @@ class DiagnosticSpec:
         unknown = set(given) - {a.name for a in self.args}
         if unknown:
             raise ValueError(f"{self.name}: no argument {', '.join(sorted(unknown))}")
+        for arg in self.args:      # a value the script would refuse is bad input here, not its crash
+            value = given.get(arg.name)
+            if not arg.choices or value is None or value is False:
+                continue
+            for one in value if isinstance(value, (list, tuple)) else (value,):
+                if str(one) not in arg.choices:
+                    raise InputError(f"{self.name}: --{arg.name}: expected one of {', '.join(arg.choices)}, "
+                                     f"got {str(one)!r}")
         return given
 
 
+# the flags each member of a group run gets, its place in the group (engine/groups.py); a group
+# diagnostic's parser takes them, and they are the engine's, not the task's
+RENDEZVOUS_FLAGS = ("node-rank", "nodes", "master")
 # mldiag's tasks that are not diagnostics: no team diagnostic may take their names either
 OTHER_TASKS = ("hosts", "run-script", "runbook")
 # every diagnostic task's common flags (tasks.py gives them their defaults and help): no

@@ -290,6 +290,28 @@ def _plan(targets: Sequence[Target], job_for, pool: SshPool, ex,
     return planned
 
 
+def place(targets: Sequence[Target], job_for, pool: SshPool,
+          keep: Optional[Dict[str, SlurmAllocation]] = None
+          ) -> Tuple[List[Union[Placed, Result]], Callable[[], None]]:
+    """Each target where it will run, for runs that start several at once (engine/groups.py):
+    a Slurm login target becomes its node rows (or its allocation's failure, a row of its own),
+    as in ``run_many``. The second: releases the allocations made here (not those ``keep``
+    holds: a runbook's, released by the runbook)."""
+    allocations: List[SlurmAllocation] = []
+
+    def release() -> None:
+        kept = list((keep or {}).values())
+        for allocation in allocations:
+            if not any(allocation is k for k in kept):
+                allocation.release()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(targets), RESOLVERS))) as ex:
+            return _plan(targets, job_for, pool, ex, allocations, keep), release
+    except BaseException:
+        release()
+        raise
+
+
 def _allocation_failed(allocation: SlurmAllocation, diagnostic: str) -> Result:
     exc, name = allocation.failure, allocation.target.name
     if isinstance(exc, TransportError):

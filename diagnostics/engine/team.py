@@ -11,8 +11,11 @@ The file contract (docs/extending.md says it for users; the built-in scripts fol
   without value, ``action="append"`` a repeatable one (a list in a runbook), ``type=int`` a
   whole number, ``choices``, ``required``, ``metavar`` and ``help`` as argparse has them;
 - optional module constants: ``TIMEOUT`` (seconds the diagnostic may run on a target, unless
-  ``--timeout`` says otherwise) and ``COMPANIONS`` (names of files beside it in DIR, shipped
-  with it: its helpers and data).
+  ``--timeout`` says otherwise), ``COMPANIONS`` (names of files beside it in DIR, shipped
+  with it: its helpers and data) and ``GROUP_SIZE`` (the diagnostic runs on groups of that many
+  targets at once, 0: all the selected targets one group, engine/groups.py: each member's run
+  gets ``--node-rank R --nodes N --master ADDR:PORT``, which its ``build_parser()`` must take;
+  those three are the engine's, not the task's flags).
 
 Everything here is read with ``ast`` (the client never imports or runs a team's file: that
 happens on the target), so only what is written literally counts: strings, numbers, tuples and
@@ -182,10 +185,44 @@ def read(path: str, name: str) -> DiagnosticSpec:
     doc = ast.get_docstring(module) or ""
     summary = doc.strip().splitlines()[0].strip() if doc.strip() else f"(a team diagnostic: {name})"
     timeout = _timeout(module, constants)
+    args = _args(module, constants)
+    size = _group_size(module, constants, args)
+    if size is not None:     # the place in the group is the engine's to give
+        args = tuple(a for a in args if a.name not in registry.RENDEZVOUS_FLAGS)
     return DiagnosticSpec(
-        name=name, summary=summary, args=_args(module, constants), script=os.path.basename(path),
+        name=name, summary=summary, args=args, script=os.path.basename(path),
         companions=_companions(module, constants, os.path.dirname(path)),
-        directory=os.path.dirname(path), builtin=False, timeout=timeout)
+        directory=os.path.dirname(path), builtin=False, timeout=timeout,
+        fan_out=_each_alone if size is None else _GroupsOf(size))
+
+
+def _each_alone(values: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class _GroupsOf:
+    """A team diagnostic's fan_out hook: its targets in groups of ``size`` (engine/groups.py)."""
+    size: int
+
+    def __call__(self, values: Any):
+        from . import groups      # here: reading a team's files imports no runner
+        return groups.in_groups(self.size)
+
+
+def _group_size(module: ast.Module, constants: Dict[str, Any], args: Sequence[Arg]) -> Optional[int]:
+    line = _assigned_line(module, "GROUP_SIZE")
+    if line is None:
+        return None
+    value = constants.get("GROUP_SIZE")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value == 1 or value > 100000:
+        raise _Refused(line, "GROUP_SIZE: expected the number of targets in a group (2 or more; 0: all "
+                             "the selected targets), written literally")
+    missing = [f"--{flag}" for flag in registry.RENDEZVOUS_FLAGS if all(a.name != flag for a in args)]
+    if missing:
+        raise _Refused(line, f"GROUP_SIZE: build_parser() must take {', '.join(missing)} (each member "
+                             "is told its place in the group with --node-rank R --nodes N --master ADDR:PORT)")
+    return value
 
 
 def _timeout(module: ast.Module, constants: Dict[str, Any]) -> Optional[float]:

@@ -70,6 +70,7 @@ class Target:
     slurm: Optional[Slurm] = None
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     code_cache: bool = True                 # the target may keep mldiag's own code compiled (scripts/_stage_a.py)
+    peer_address: Optional[str] = None      # where a group's other members reach it (engine/groups.py)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
 
     @property

@@ -266,12 +266,14 @@ def _models(value: Any, at: At) -> Tuple[Tuple[str, str], ...]:
 
 
 # The ``expect:`` block: what a healthy node of this kind has (with the bounds a value can have:
-# ib_rate in Gb/s, pcie_gen 1-6), read by node-check and nccl-check.
+# ib_rate in Gb/s, pcie_gen 1-6), read by node-check, nccl-check and gpu-perf.
 EXPECT_KEYS: Dict[str, Tuple[int, Optional[int]]] = {
     "gpus": (0, None), "ib_ports": (0, None), "ib_rate": (1, None), "nvlinks_per_gpu": (0, None),
     "pcie_width": (1, 32), "pcie_gen": (1, 6),
     # nccl-check: the all-reduce bus bandwidth (GB/s) a healthy node of this kind reaches
-    "allreduce_busbw": (1, None)}
+    "allreduce_busbw": (1, None),
+    # gpu-perf, per GPU: bf16 GEMM TFLOPS, device copy GB/s, host<->device GB/s
+    "gemm_tflops": (1, None), "hbm_gbps": (1, None), "h2d_gbps": (1, None)}
 
 
 def _expect(value: Any, at: At) -> Dict[str, int]:
@@ -332,7 +334,7 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
     "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
-    "reservation": expect_argument,
+    "reservation": expect_argument, "peer_address": expect_string,
     "defaults": _keep, "hosts": _keep, "groups": _keep, "targets": _keep,
     "containers": _keep, "slurm": _keep, "runbooks": _keep, "diagnostics": _keep,
 }
@@ -345,10 +347,13 @@ RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "persist", "targets",
                  "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
                  "code_cache", "expect")
+# peer_address: the address a group's other members reach this target at (nccl-check --pairs,
+# --across; engine/groups.py), where it is not the one mldiag connects to: a container's own
+# address, a host's on the cluster network. Never inherited: it is one target's.
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
-    "models", "gpus", "expect", "containers", "slurm")
+    "models", "gpus", "expect", "containers", "slurm", "peer_address")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
-    "models", "gpus", "expect")
+    "models", "gpus", "expect", "peer_address")
 SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist", "reservation")
 KUBECTL_ONLY_KEYS = ("namespace", "container")
 INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect")
@@ -394,6 +399,7 @@ class _HostEntry:
     fields: _Fields
     containers: Tuple[_ContainerEntry, ...]
     slurm: Optional[Slurm]
+    peer_address: Optional[str] = None
 
     @property
     def local(self) -> bool:
@@ -414,8 +420,9 @@ def _read_hosts(value: Any, at: At) -> List[_HostEntry]:
         containers, slurm = tuple(_read_containers(fields)), _read_slurm(fields)
         if len(entries) + len(names) > MAX_NODES:
             raise key_at.error(f"more than {MAX_NODES} hosts in one hosts file")
-        for name, address in zip(names, _addresses(fields, names, key)):
-            entries.append(_HostEntry(name, address, key_at, fields, containers, slurm))
+        for name, address, peer in zip(names, _addresses(fields, names, key),
+                                       _addresses(fields, names, key, "peer_address")):
+            entries.append(_HostEntry(name, address, key_at, fields, containers, slurm, peer))
     return entries
 
 
@@ -441,12 +448,13 @@ def _check_local_host(fields: _Fields, names: List[str], at: At) -> None:
         raise at.error(f"a local host cannot be a node range ({len(names)} hosts)")
 
 
-def _addresses(fields: _Fields, names: List[str], key: Any) -> List[Optional[str]]:
-    """One address per host: a range in ``address`` pairs with the key's range, in order."""
-    address = fields.values.get("address")
+def _addresses(fields: _Fields, names: List[str], key: Any, field: str = "address") -> List[Optional[str]]:
+    """One address per host: a range in ``address`` (or ``peer_address``) pairs with the key's
+    range, in order."""
+    address = fields.values.get(field)
     if address is None:
         return [None] * len(names)
-    where = fields.places["address"]
+    where = fields.places[field]
     if "[" not in address:
         if len(names) > 1:
             raise where.error(f"{address!r} is one address for {len(names)} hosts of {key!r}; "
@@ -460,6 +468,11 @@ def _addresses(fields: _Fields, names: List[str], key: Any) -> List[Optional[str
         raise where.error(f"{address!r} expands to {len(addresses)} addresses but {key!r} "
                           f"to {len(names)} hosts")
     return [_address(one, where) for one in addresses]
+
+
+def _peer_address(container: "_ContainerEntry") -> Optional[str]:
+    value = container.fields.values.get("peer_address")
+    return None if value is None else _address(value, container.fields.places["peer_address"])
 
 
 def _read_containers(fields: _Fields) -> List[_ContainerEntry]:
@@ -710,11 +723,12 @@ def _build(document: Any, path: str) -> Topology:
         place = dict(local=entry.local, host=ssh_hosts.get(entry.name),
                      become=_become_for(entry, defaults))
         targets[entry.name] = _target(entry.name, host_settings, entry.at, slurm=entry.slurm,
-                                      **place)
+                                      peer_address=entry.peer_address, **place)
         for container in entry.containers:
             settings = _inherit(defaults.values, entry.fields.values, container.fields.values)
             targets[container.name] = _target(container.name, settings, container.at,
-                                              container=container.container, **place)
+                                              container=container.container,
+                                              peer_address=_peer_address(container), **place)
 
     groups = _resolve_groups(top.values.get("groups"),
                              top.places.get("groups", top.at.child("groups", 1)), targets)

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from .. import __version__
 from ..engine import execute as engine, jobs, registry, runner
@@ -43,7 +43,7 @@ from . import report, model as runbook
 from ..core import termination
 from ..inventory import topology
 from ..engine.bundle import Job
-from ..core.errors import EXIT_INTERRUPTED, EXIT_OK, InputError, TargetInputError
+from ..core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, InputError, TargetInputError
 from ..transport.ssh import SshPool
 from ..core.outcome import Outcome
 from ..core.results import Result, exit_code, worst_status
@@ -239,19 +239,26 @@ def _leave(sr: StepRun, gone: Dict[str, Skip]) -> None:
                                                      f"({step.id}: {status}; stop_if: {step.stop_if})")
 
 
-def _judges(book: Runbook, values: Dict[str, str]) -> Dict[str, Callable[[List[Result]], None]]:
-    """Each step's fleet judgement, as its task applies it (``registry``: node-check's baseline
-    and outliers, stacks' fold), from the step's client-side arguments (one value for the whole
-    step). A step that refers to a parameter not given is skipped on every target: none."""
-    judges = {}
+def _step_hooks(book: Runbook, values: Dict[str, str], hook: str) -> Dict[str, Callable[..., Any]]:
+    """Each step's answer to its task's ``hook`` (``registry.DiagnosticSpec``: ``judge``, the fleet
+    judgement; ``fan_out``, how its targets run together), from the step's client-side arguments
+    (one value for the whole step), where it has one. A step that refers to a parameter not
+    given is skipped on every target: none."""
+    found = {}
     for step in book.steps:
         if step.task == runbook.SCRIPT_TASK or any(p not in values for p in step.params):
             continue
         spec = registry.get(step.task)
-        judge = spec.judge(step.resolve(values, None, [a.name for a in spec.args if a.client]))
-        if judge is not None:
-            judges[step.id] = judge
-    return judges
+        answer = getattr(spec, hook)(step.resolve(values, None, [a.name for a in spec.args if a.client]))
+        if answer is not None:
+            found[step.id] = answer
+    return found
+
+
+def _judges(book: Runbook, values: Dict[str, str]) -> Dict[str, Callable[[List[Result]], None]]:
+    """Each step's fleet judgement, as its task applies it (node-check's baseline and outliers,
+    stacks' fold)."""
+    return _step_hooks(book, values, "judge")
 
 
 def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
@@ -271,6 +278,7 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
         judges = _judges(book, values)
     if scripts is None:     # and a run-script step's files
         scripts = _scripts(book, values)
+    fan_outs = _step_hooks(book, values, "fan_out")     # nccl-check's pairs
     record = RunbookRun(runbook=book, targets=[t.name for t in targets], params=dict(params),
                         started=datetime.now(timezone.utc),
                         placements={t.name: placement(t) for t in targets})
@@ -309,8 +317,8 @@ def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
                     on_result(sr, result)
 
             try:
-                sr.results = run_many(eligible, job_for, parallel=parallel, pool=pool,
-                                      on_result=got, keep_allocations=allocations)
+                sr.results = fan_outs.get(step.id, run_many)(eligible, job_for, parallel=parallel, pool=pool,
+                                                             on_result=got, keep_allocations=allocations)
                 if amend is not None:
                     amend(sr.results)
                     for result in sr.results if on_result else ():
@@ -389,10 +397,11 @@ class _SavedRun:
 
 def execute(opts: engine.Options, name: str, *, params: Sequence[str] = (),
             runbooks_dirs: Sequence[str] = (), fmt: Optional[str] = None,
-            out: Optional[TextIO] = None) -> Outcome:
+            out: Optional[TextIO] = None, drain: bool = False) -> Outcome:
     """``runbook NAME``: run it, print the report, write it to ``--save``. The outcome holds the
     RunbookRun and its exit code, also when interrupted (the report of what ran is written);
-    InputError before anything connects."""
+    InputError before anything connects. ``drain``: then drain the Slurm nodes whose worst
+    action in any step is drain or worse (``drain_failing``)."""
     out = out or sys.stdout
     fmt = "json" if opts.json else (fmt or "md")
     if fmt not in FORMATS:
@@ -446,7 +455,51 @@ def execute(opts: engine.Options, name: str, *, params: Sequence[str] = (),
         report.render_markdown(record, out, version=__version__, appendix=not render.is_terminal(out),
                                saved=os.path.join(opts.save, "report.md") if save else None)
     out.flush()
-    return Outcome(record, record.exit_code, (record.interrupted_as,) if record.interrupted else ())
+    outcome = Outcome(record, record.exit_code, (record.interrupted_as,) if record.interrupted else ())
+    if drain and not record.interrupted:
+        return drain_failing(opts, record, outcome, targets, out=out)
+    return outcome
+
+
+def by_row(record: RunbookRun) -> List[Result]:
+    """One result per row (a target, or a Slurm node row) that every step's results make
+    together: the worst status, every finding, each named by its step; what node-check's drain
+    plan reads (``drain.plan``)."""
+    merged: Dict[str, Result] = {}
+    for sr in record.steps:
+        for r in sr.results:
+            row = merged.get(r.target)
+            if row is None:
+                row = merged[r.target] = Result(diagnostic=f"runbook {record.runbook.name}", target=r.target,
+                                                status="ok", summary="")
+            row.status = worst_status([row.status, r.status])
+            row.findings.extend(r.findings)
+            if r.status == "error" and row.error is None:
+                row.error = r.error
+    return list(merged.values())
+
+
+def drain_failing(opts: engine.Options, record: RunbookRun, outcome: Outcome, targets: Sequence[Target], *,
+                  out: TextIO) -> Outcome:
+    """``runbook --drain``: node-check's drain, on what all the steps found together (a node that
+    one step says to drain is drained; one that errored is left as it is). Its lines go under the
+    report (to stderr with --json); a drain that failed makes the exit code at least 3."""
+    from ..builtin.node_check import drain as drain_mod
+    steps = drain_mod.plan(by_row(record), targets)
+    if not any(step.want != "skip" for step in steps):
+        return Outcome(outcome.results, max(outcome.exit_code, EXIT_ERROR),
+                       outcome.messages + ("--drain: no Slurm node was checked",))
+    outcomes = drain_mod.run([s for s in steps if s.want != "resume"], drain=True)
+    shown = [render.safe_text(line) for line in drain_mod.lines(outcomes)]
+    messages = outcome.messages
+    if opts.json:
+        messages += tuple(shown)
+    else:
+        out.write("\nSlurm:\n" + "".join(f"  {line[len('Slurm: '):] if line.startswith('Slurm: ') else line}\n"
+                                          for line in shown))
+        out.flush()
+    code = max(outcome.exit_code, EXIT_ERROR) if drain_mod.failed(outcomes) else outcome.exit_code
+    return Outcome(outcome.results, code, messages)
 
 
 def list_runbooks(hosts_file: Optional[str], runbooks_dirs: Sequence[str], *, as_json: bool = False,

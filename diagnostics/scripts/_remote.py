@@ -18,12 +18,16 @@ A team's diagnostic may import it too (docs/extending.md).
   alone made one (gpu-status, pcie, ib word the merged one again);
 - ``Tool``: what one run of an external tool came to, as the checks and xid.py's kernel-log
   reader read it; ``tool_problem``: the finding an NVIDIA tool that did not answer makes;
-- ``load_xid``: xid.py beside a script, with its catalog.
+- ``load_xid``: xid.py beside a script, with its catalog;
+- ``wait_children``, ``kill_child``: child processes (nccl-check's ranks, gpu-perf's measuring
+  child) read within one deadline, and ended with everything they started.
 """
 
 import collections
 import os
+import signal
 import sys
+import time
 
 STATUSES = ("ok", "warn", "fail", "error")
 LEVEL_RANK = {"info": 0, "ok": 0, "warn": 1, "fail": 2, "error": 3}
@@ -228,3 +232,58 @@ def load_xid(directory, with_catalog=True):
         return module
     except (ImportError, OSError, ValueError, SyntaxError, KeyError):
         return None
+
+
+def wait_children(procs, deadline):
+    """Read every child's output (each started with stdout and stderr piped) until each has
+    exited or the deadline: (outputs [(out, err)] as text, the last MiB of each, [(index, exit
+    code)] of those that failed, [indices still running at the deadline]). One child failing
+    ends the wait: in a collective the others would wait for it until their own timeout."""
+    import selectors
+    outputs = [[b"", b""] for _ in procs]
+    sel = selectors.DefaultSelector()
+    for rank, p in enumerate(procs):
+        sel.register(p.stdout, selectors.EVENT_READ, (rank, 0))
+        sel.register(p.stderr, selectors.EVENT_READ, (rank, 1))
+    open_pipes = 2 * len(procs)
+    failed = []
+    while open_pipes and not failed:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        for key, _ in sel.select(timeout=min(left, 0.5)):
+            rank, which = key.data
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if chunk:
+                outputs[rank][which] = (outputs[rank][which] + chunk)[-1024 * 1024:]
+            else:
+                sel.unregister(key.fileobj)
+                open_pipes -= 1
+        failed = [(rank, p.poll()) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
+    sel.close()
+    for p in procs:
+        if p.poll() is None and not failed and time.monotonic() < deadline:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+    late = [rank for rank, p in enumerate(procs) if p.poll() is None] if not failed else []
+    failed = failed or [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
+    return [(o.decode("utf-8", "replace"), e.decode("utf-8", "replace")) for o, e in outputs], failed, late
+
+
+def kill_child(p):
+    """A child started with ``start_new_session``: its whole process group killed, its pipes
+    closed."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        p.wait(timeout=5)
+    except Exception:
+        pass
+    for f in (p.stdout, p.stderr):
+        if f is not None:
+            f.close()

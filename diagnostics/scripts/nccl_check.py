@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -219,10 +218,10 @@ def run_torch(args, ranks, max_bytes):
             procs.append(subprocess.Popen(argv + ["--worker", str(rank)], stdin=subprocess.DEVNULL, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           start_new_session=True))
-        outputs, failed, late = _wait_all(procs, deadline)
+        outputs, failed, late = _remote.wait_children(procs, deadline)
     finally:
         for p in procs:
-            _kill(p)
+            _remote.kill_child(p)
     findings = []
     # what the ranks that failed or hung wrote last (NCCL's WARN lines, a C++ stack): in data
     said = dict((str(r), outputs[r][1][-STDERR_TAIL:]) for r in sorted(set(late) | set(r for r, _ in failed))
@@ -242,59 +241,6 @@ def run_torch(args, ranks, max_bytes):
         return ({"ranks_said": {"0": outputs[0][1][-STDERR_TAIL:]}} if outputs[0][1].strip() else None,
                 [finding("launch-failed", "rank 0 wrote no result: %s" % (_said(outputs[0][1]) or "no message"))])
     return doc, []
-
-
-def _wait_all(procs, deadline):
-    """Read every rank's output until each has exited or the deadline: (outputs [(out, err)],
-    [(rank, exit code)] of those that failed, [ranks still running at the deadline]). One rank
-    failing ends the wait: the others would wait for it until their own timeout."""
-    import selectors
-    outputs = [[b"", b""] for _ in procs]
-    sel = selectors.DefaultSelector()
-    for rank, p in enumerate(procs):
-        sel.register(p.stdout, selectors.EVENT_READ, (rank, 0))
-        sel.register(p.stderr, selectors.EVENT_READ, (rank, 1))
-    open_pipes = 2 * len(procs)
-    failed = []
-    while open_pipes and not failed:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for key, _ in sel.select(timeout=min(left, 0.5)):
-            rank, which = key.data
-            chunk = os.read(key.fileobj.fileno(), 65536)
-            if chunk:
-                outputs[rank][which] = (outputs[rank][which] + chunk)[-1024 * 1024:]
-            else:
-                sel.unregister(key.fileobj)
-                open_pipes -= 1
-        failed = [(rank, p.poll()) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
-    sel.close()
-    for p in procs:
-        if p.poll() is None and not failed and time.monotonic() < deadline:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:
-                pass
-    late = [rank for rank, p in enumerate(procs) if p.poll() is None] if not failed else []
-    failed = failed or [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
-    return [(o.decode("utf-8", "replace"), e.decode("utf-8", "replace")) for o, e in outputs], failed, late
-
-
-def _kill(p):
-    """The rank's whole process group (it made none of its own: start_new_session)."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        p.wait(timeout=5)
-    except Exception:
-        pass
-    for f in (p.stdout, p.stderr):
-        if f is not None:
-            f.close()
 
 
 def _rank0_doc(text):

@@ -487,22 +487,29 @@ def busbw_at(parsed, size):
 
 # --------------------------------------------------------------------------- thresholds
 
-_THRESHOLDS = {}
+_TABLES = {}
+
+
+def load_rows(path, key):
+    """The list under ``key`` of the JSON file ``path`` (cached): a per-model table's rows (this
+    file's thresholds, nvbandwidth.py's figures). Raises OSError or ValueError (a file that is
+    not JSON, or has no list of rows)."""
+    if (path, key) not in _TABLES:
+        with open(path, "r", encoding="utf-8") as f:
+            raw = json.load(f)
+        rows = raw.get(key) if isinstance(raw, dict) else None
+        if not isinstance(rows, list):
+            raise ValueError("%s: no list of %s" % (path, key))
+        _TABLES[(path, key)] = rows
+    return _TABLES[(path, key)]
 
 
 def load_thresholds(path=None):
     """The rows of nccl_thresholds.json beside this file (cached): each {"sku", "match": {"all",
     "any", "none"}, "op", "busbw_gbps", "size_bytes", "gpus", "compare", "source"}. Raises
-    OSError or ValueError (a file that is not JSON, or has no list of rows)."""
-    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), THRESHOLDS_FILE)
-    if path not in _THRESHOLDS:
-        with open(path, "r", encoding="utf-8") as f:
-            raw = json.load(f)
-        rows = raw.get("thresholds") if isinstance(raw, dict) else None
-        if not isinstance(rows, list):
-            raise ValueError("%s: no list of thresholds" % path)
-        _THRESHOLDS[path] = rows
-    return _THRESHOLDS[path]
+    OSError or ValueError."""
+    return load_rows(path or os.path.join(os.path.dirname(os.path.abspath(__file__)), THRESHOLDS_FILE),
+                     "thresholds")
 
 
 def name_tokens(gpu_name):

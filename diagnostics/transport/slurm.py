@@ -23,13 +23,17 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..core import nodeset
 from ..inventory.topology import NAME, Slurm, Target
 from .base import Classification, Transport, TransportError, Wrapper, find_line, first_line
 
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
+# `scontrol show node -o`: one line per node, NodeName=... NodeAddr=... (the address slurmctld
+# and the other nodes reach it at); an address is a host name or an IP, nothing else
+_NODE_ADDR = re.compile(r"(?:^|\s)NodeName=(\S+)\s.*?(?:^|\s)NodeAddr=(\S+)")
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 
 
 def node_names(slurm: Slurm) -> Optional[List[str]]:
@@ -87,6 +91,22 @@ def squeue_nodes_argv(jobid: str) -> List[str]:
     return ["squeue", "-h", "-j", jobid, "-o", "%N"]
 
 
+def node_addr_argv(nodes: Sequence[str]) -> List[str]:
+    return ["scontrol", "show", "node", "-o", ",".join(nodes)]
+
+
+def parse_node_addrs(text: str) -> Dict[str, str]:
+    """{node: NodeAddr} of ``scontrol show node -o``'s answer, for the lines whose name and
+    address are plain tokens (what a login node says is untrusted: an address becomes a
+    rendezvous argument)."""
+    found = {}
+    for line in text.splitlines()[:100000]:
+        m = _NODE_ADDR.search(line)
+        if m and NAME.fullmatch(m.group(1)) and _ADDRESS.fullmatch(m.group(2)):
+            found[m.group(1)] = m.group(2)
+    return found
+
+
 def scancel_argv(jobid: str) -> List[str]:
     return ["scancel", jobid]
 
@@ -101,9 +121,15 @@ class SrunStep(Wrapper):
 
     kind = "srun"
 
-    def __init__(self, jobid: str, node: str):
+    def __init__(self, jobid: str, node: str, addresses: Optional[Callable[[], Dict[str, str]]] = None):
         self.jobid = jobid
         self.node = node
+        self._addresses = addresses       # the allocation's nodes' addresses, asked when needed
+
+    def peer_address(self) -> Optional[str]:
+        """The address the allocation's other nodes reach this node at (its NodeAddr), or None
+        when Slurm did not say."""
+        return self._addresses().get(self.node) if self._addresses is not None else None
 
     def wrap(self, argv: Sequence[str]) -> List[str]:
         return ["srun", "--jobid", self.jobid, "-N1", "-n1", "-w", self.node, "--overlap",
@@ -172,6 +198,7 @@ class SlurmAllocation:
         self._released = False
         self._requested = False          # salloc was sent: a job (pending or granted) may exist
         self.job_name = job_name()       # unique: a pending request is cancelled by its name
+        self._addrs: Optional[Dict[str, str]] = None
 
     @property
     def base(self) -> str:
@@ -185,7 +212,7 @@ class SlurmAllocation:
         started = time.monotonic()
         try:
             self.rows = [NodeRow(replace(self.target, name=f"{self.base}:{node}"),
-                                 SrunStep(self.jobid, node)) for node in self._allocate()]
+                                 SrunStep(self.jobid, node, self.addresses)) for node in self._allocate()]
         except TransportError as exc:
             self.failure = exc
         except Exception as exc:
@@ -223,6 +250,24 @@ class SlurmAllocation:
         except ValueError as exc:
             raise TransportError("unreachable", f"allocation {self.jobid} on {base}: {exc}",
                                  (out.stderr + out.stdout[:4000]).decode("utf-8", "replace"))
+
+    def addresses(self) -> Dict[str, str]:
+        """Each node's NodeAddr, asked once (``scontrol show node -o``, on the login node): where a
+        group's ranks meet (engine/groups.py). {} when the login node does not answer."""
+        with self._lock:
+            if self._addrs is not None:
+                return self._addrs
+        found: Dict[str, str] = {}
+        if self.login is not None and self.rows:
+            try:
+                out = self.login.run(node_addr_argv([r.step.node for r in self.rows]), b"",
+                                     time.monotonic() + 30)
+                found = parse_node_addrs(out.stdout.decode("utf-8", "replace"))
+            except Exception:
+                found = {}
+        with self._lock:
+            self._addrs = found
+        return found
 
     def release(self) -> None:
         """``scancel`` the allocation; called once the run is over, in every outcome. While

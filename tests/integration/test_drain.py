@@ -355,3 +355,36 @@ def test_undrain_with_nothing_of_ours_drained_checks_the_target_as_usual(lab, to
                              "  nothing to drain or resume\n"), r.stdout
     for node in ("n1", "n2"):
         assert slurm_state(cluster, node) == ("IDLE", None)
+
+
+def test_a_runbook_with_drain_drains_what_any_step_says_to_drain(lab, topo, cluster, tmp_path):
+    """`runbook --drain`: the steps' findings on each node row taken together, node-check's
+    drain plan and tag: n2, whose node-check step found Xid 48 (drain), is drained with the
+    tagged reason (so node-check --undrain resumes it); n1, ok in every step, is left alone."""
+    logs = lab.dir / "runbook-drain"
+    logs.mkdir(mode=0o755, exist_ok=True)
+    for node, name in (("n1", "gpud-dmesg.decode.iso.log.1"), ("n2", "gpud-dmesg-time-format-iso.log")):
+        shutil.copyfile(saved_log(lab, name), logs / f"cluster-a:{node}.log")
+        (logs / f"cluster-a:{node}.log").chmod(0o644)
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "check-and-ping.yaml").write_text(
+        "description: a node-check on a saved log, then ping\n"
+        "params:\n  logs: {description: saved kernel logs by node}\n"
+        "steps:\n"
+        "  - task: node-check\n    args: {kernel-log-file: '{{ params.logs }}/{{ target.name }}.log', no-dcgm: true}\n"
+        "  - task: ping\n")
+    r = mldiag("runbook", "check-and-ping", "--runbooks-dir", str(books), "--hosts-file", topo.path,
+               "-H", "cluster-a:n[1-2]", "--param", f"logs={logs}", "--drain")
+    assert r.returncode == 2, r.stdout + r.stderr
+    state, why = slurm_state(cluster, "n2")
+    assert state == "IDLE+DRAIN" and re.fullmatch(r"mldiag: xid-48 \(node-check by mlsh \S+Z\)", why), why
+    assert slurm_state(cluster, "n1") == ("IDLE", None)
+    assert "\nSlurm:\n  cluster-a:n2: drained (now State=IDLE+DRAIN): sudo -n -- scontrol update nodename=n2 " \
+           f'state=drain reason="{why}"\n' in r.stdout, r.stdout
+
+
+def test_a_runbook_with_drain_on_targets_that_are_no_slurm_nodes_says_so(lab, topo, tmp_path):
+    r = mldiag("runbook", "node-health", "--hosts-file", topo.path, "-H", "box", "--drain")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "--drain: no Slurm node was checked" in r.stderr

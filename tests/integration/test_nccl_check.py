@@ -57,6 +57,26 @@ def docs(r):
     return {d["target"]: d for d in json.loads(r.stdout)}
 
 
+def test_containers_meet_at_their_peer_address(lab):
+    """Two container targets in CT 200 (its own network namespace: loopback only) as one group:
+    mldiag connects to them through their host, so the first one's hosts.yaml peer_address says
+    where the other's ranks reach it (here, the CT's loopback); without it the group cannot
+    start and says why."""
+    env, _ = packages_in_ct(lab, "torch")
+    path = hosts_file(lab, [ct("c1", env=env, peer_address="127.0.0.1"), ct("c2", env=env), ct("c3", env=env)])
+    small = ["--max-bytes", str(2 ** 20), "--iters", "2", "--budget", "60", "--json"]
+    r = mldiag("nccl-check", "--hosts-file", path, "-H", "c1,c2", "--across", *small, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = docs(r)
+    assert [found[n]["data"]["group"]["master"].split(":")[0] for n in ("c1", "c2")] == ["127.0.0.1"] * 2
+    assert all(found[n]["status"] == "ok" and found[n]["data"]["rows"][-1]["busbw"] > 0 for n in ("c1", "c2"))
+    r = mldiag("nccl-check", "--hosts-file", path, "-H", "c3,c1", "--across", *small, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert {d["error"]["message"] for d in docs(r).values()} == {
+        "c3: no address its peers reach it by is known (a container: give it hosts.yaml's peer_address)"}
+    assert no_ranks_left()
+
+
 def test_each_node_measures_a_real_all_reduce_in_its_container(torch_hosts):
     r = mldiag("nccl-check", "--hosts-file", torch_hosts, "-H", "n1,n2,n3", "--parallel", "1",
                "--max-bytes", str(4 * 2 ** 20), "--iters", "3", "--json", "--valid-for", "0",

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -132,6 +133,7 @@ class Lab:
         self.jumpnet: Optional[netns.JumpNet] = None
         self.fleetnet: Optional[netns.FleetNet] = None
         self._fleet_lock = threading.Lock()
+        self.fleet_cluster: Optional[slurm.SlurmCluster] = None
         self.podman: Optional[Podman] = None
         self.ct_running, self.ct_stopped, self.podbox = CT_RUNNING, CT_STOPPED, PODBOX
         self.venv_python = f"{VENV}/bin/python"
@@ -274,7 +276,8 @@ class Lab:
 
         if "slurm" not in self.unavailable:
             # first: its node namespaces then copy fewer of the containers' mounts
-            self.slurm = slurm.SlurmCluster(self.dir / "slurm", visible_root=self.root)
+            self.slurm = slurm.SlurmCluster(self.dir / "slurm", visible_root=self.root,
+                                            also_visible=[Path(sys.prefix)])
             self._write_state()
             in_background("slurm", self._start_slurm)
         base = None
@@ -490,6 +493,28 @@ class Lab:
                 self._write_ssh_files()
             return [self.servers[f"f{i + 1}"] for i in range(FLEET_NODES)]
 
+    def fleet_slurm(self, nodes: int = FLEET_NODES) -> slurm.SlurmCluster:
+        """A second Slurm cluster whose nodes ``s1`` ... are the first ``nodes`` fleet nodes: each
+        slurmd in its node's network namespace at its fleet address, slurmctld on this machine
+        reached at the bridge's address (what ``slow_fleet_link`` slows is then a Slurm node's
+        link). Its login node is this machine with SLURM_CONF set to its ``conf`` (a hosts.yaml
+        ``local: true`` target with ``slurm:``). Built on the first call."""
+        self.need("slurm")
+        self.fleet()
+        with self._fleet_lock:
+            if self.fleet_cluster is None:
+                names = [f"s{i + 1}" for i in range(nodes)]
+                self.fleet_cluster = slurm.SlurmCluster(
+                    self.dir / "fleet-slurm", visible_root=self.root, nodes=names, also_visible=[Path(sys.prefix)],
+                    node_netns=dict(zip(names, self.fleetnet.nodes)), node_addrs=dict(zip(names, self.fleetnet.addrs)),
+                    ctld_addr=self.fleetnet.bridge_addr)
+                self._write_state()
+                try:
+                    self.fleet_cluster.start()
+                finally:
+                    self._write_state()
+            return self.fleet_cluster
+
     def slow_fleet_link(self, node: int, rate: str = "200mbit") -> None:
         """Fleet node ``node`` (0-based) gets a slow link: ``rate``, both directions."""
         netns.slow_link(self.fleetnet, node, rate)
@@ -667,6 +692,8 @@ class Lab:
             kill_all(stray)
             if self.slurm:
                 self.slurm.stop()
+            if self.fleet_cluster:
+                self.fleet_cluster.stop()
             teardown_state(self._state(), remove_dir=True)
         finally:
             if self._machine_lock is not None:
@@ -683,6 +710,7 @@ class Lab:
             "jumpnet": self.jumpnet.__dict__ if self.jumpnet else None,
             "fleetnet": self.fleetnet.__dict__ if self.fleetnet else None,
             "slurm": self.slurm.state() if self.slurm else None,
+            "fleet_slurm": self.fleet_cluster.state() if self.fleet_cluster else None,
         }
 
     def _write_state(self) -> None:
@@ -728,8 +756,9 @@ def teardown_state(state: dict, remove_dir: bool) -> None:
     """Undo a session from its state.json: containers, podman, netns, global files, dir.
     Never raises: it also cleans up after a crashed session."""
     d = Path(state["dir"])
-    if state.get("slurm"):  # first: its nodes' namespaces hold copies of the other parts' mounts
-        slurm.teardown(state["slurm"])
+    for cluster in ("slurm", "fleet_slurm"):  # first: their nodes' namespaces hold copies of the other parts' mounts
+        if state.get(cluster):
+            slurm.teardown(state[cluster])
     lxc_path = Path(state["lxc_path"])
     for vmid in state.get("vmids", []):
         if (lxc_path / str(vmid) / "config").exists():

@@ -27,11 +27,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .util import LabError, all_pids, cmdline, free_port, ns_of, run, state_of, wait_until
 
@@ -39,13 +40,14 @@ NODES = ("n1", "n2", "n3", "n4")
 PARTITIONS = ("debug", "gpu")  # debug is the default partition
 CPUS_PER_NODE = 4              # more than the machine has (config_overrides): room for parallel steps
 GPUS_PER_NODE = 8
-PROGRAMS = ["munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "scancel", "sinfo",
+PROGRAMS = ["munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "scancel", "sinfo", "nsenter",
             "scontrol", "unshare", "mount", "hostname"]
 PACKAGES = "slurmctld slurmd slurm-client munge"
 
-# run by `unshare --uts --mount` as `sh -c NODE_SH sh NODE ROOT ROOT_IN_TMP NODE_TMP slurmd ...`
-NODE_SH = ('set -e; hostname "$1"; if [ -n "$2" ]; then mount --bind "$2" "$3"; fi; '
-           'mount --rbind "$4" /tmp; shift 4; exec "$@"')
+# run by `unshare --uts --mount` as `sh -c NODE_SH sh NODE NODE_TMP [DIR DIR_IN_NODE_TMP]... -- slurmd ...`
+NODE_SH = ('set -e; hostname "$1"; node_tmp="$2"; shift 2; '
+           'while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; shift; '
+           'mount --rbind "$node_tmp" /tmp; exec "$@"')
 
 
 class SlurmCluster:
@@ -57,9 +59,20 @@ class SlurmCluster:
     {node: "mnt:[inode]"} of the node's current slurmd.
     """
 
-    def __init__(self, dir: Path, visible_root: Optional[Path] = None, nodes=NODES):
+    def __init__(self, dir: Path, visible_root: Optional[Path] = None, nodes=NODES, also_visible=(),
+                 node_netns: Optional[Dict[str, str]] = None, node_addrs: Optional[Dict[str, str]] = None,
+                 ctld_addr: Optional[str] = None):
         self.dir = Path(dir)
+        # a cluster on a network of its own (lab.fleet_slurm()): each slurmd in a network
+        # namespace (node -> `ip netns` name) at its address there, slurmctld reached at
+        # ctld_addr (this machine's end of that network); default: all on this machine's
+        self.node_netns = dict(node_netns or {})
+        self.node_addrs = dict(node_addrs or {})
+        self.ctld_addr = ctld_addr
         self.visible_root = Path(visible_root) if visible_root else None
+        # more of this machine's /tmp the nodes see at their own paths (the tests' virtualenv,
+        # when the checkout lies below /tmp: the interpreter with torch that a job runs)
+        self.also_visible = tuple(Path(p) for p in also_visible)
         self.nodes = tuple(nodes)
         self.partitions = PARTITIONS
         self.ctld_port = 0
@@ -97,13 +110,16 @@ class SlurmCluster:
 
     def _root_in_tmp(self) -> Optional[Path]:
         """visible_root relative to /tmp, when it lies below /tmp (then it is bound on the nodes)."""
-        if self.visible_root is None:
-            return None
-        try:
-            rel = self.visible_root.resolve().relative_to("/tmp")
-        except ValueError:
-            return None
-        return rel if rel.parts else None
+        return _below_tmp(self.visible_root)
+
+    def _bound(self) -> List[Tuple[Path, Path]]:
+        """(directory, its path relative to /tmp) of each directory below /tmp the nodes see."""
+        found = []
+        for d in (self.visible_root, *self.also_visible):
+            rel = _below_tmp(d)
+            if rel is not None and d.is_dir():
+                found.append((d.resolve(), rel))
+        return found
 
     # ------------------------------------------------------------------ setup
 
@@ -119,13 +135,12 @@ class SlurmCluster:
         key = self.dir / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        rel = self._root_in_tmp()
         for node in self.nodes:
             t = self.node_tmp_dir(node)
             t.mkdir(parents=True, exist_ok=True)
             os.chmod(t, 0o1777)
             (self.dir / "spool" / node).mkdir(mode=0o755, exist_ok=True)
-            if rel:
+            for _, rel in self._bound():
                 (t / rel).mkdir(mode=0o755, parents=True, exist_ok=True)
         try:
             for i in range(GPUS_PER_NODE):
@@ -142,7 +157,7 @@ class SlurmCluster:
         lines = [
             "# mldiag test lab (tests/lab/slurm.py)",
             "ClusterName=mldiaglab",
-            "SlurmctldHost=localhost",
+            f"SlurmctldHost={socket.gethostname()}({self.ctld_addr})" if self.ctld_addr else "SlurmctldHost=localhost",
             f"SlurmctldPort={self.ctld_port}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -173,7 +188,8 @@ class SlurmCluster:
         if self.gpus_per_node:
             lines.append("GresTypes=gpu")
         for node in self.nodes:
-            lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
+            host, addr = (node, self.node_addrs[node]) if node in self.node_addrs else ("localhost", "127.0.0.1")
+            lines.append(f"NodeName={node} NodeHostname={host} NodeAddr={addr} "
                          f"Port={self.node_ports[node]} CPUs={CPUS_PER_NODE} RealMemory=1000{gres}")
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         lines.append("PartitionName=gpu Nodes=ALL Default=NO MaxTime=INFINITE State=UP")
@@ -228,10 +244,11 @@ class SlurmCluster:
         wait_until(up, 10, "munged's socket")
 
     def _start_node(self, node: str) -> None:
-        rel = self._root_in_tmp()
-        root_args = [str(self.visible_root), str(self.node_tmp_dir(node) / rel)] if rel else ["", ""]
-        argv = ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_SH, "sh",
-                node, *root_args, str(self.node_tmp_dir(node)),
+        binds = [str(p) for d, rel in self._bound() for p in (d, self.node_tmp_dir(node) / rel)]
+        # nsenter, not `ip netns exec`: that one remounts /sys, and slurmd wants /sys/fs/cgroup
+        network = ["nsenter", f"--net=/run/netns/{self.node_netns[node]}"] if node in self.node_netns else []
+        argv = network + ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_SH, "sh",
+                node, str(self.node_tmp_dir(node)), *binds, "--",
                 "slurmd", "-D", "-N", node, "-f", str(self.conf)]
         old = self._slurmd.get(node)
         if old is not None:
@@ -364,10 +381,9 @@ class SlurmCluster:
                       and (include_slurmd or p != daemon) and state_of(p) not in (None, "Z"))
 
     def node_tmp(self, node: str) -> List[str]:
-        """Sorted entries of /tmp on `node` (the lab root's mount point left out)."""
-        rel = self._root_in_tmp()
-        hidden = rel.parts[0] if rel else None
-        return sorted(e for e in os.listdir(self.node_tmp_dir(node)) if e != hidden)
+        """Sorted entries of /tmp on `node` (the mount points of what it sees of ours left out)."""
+        hidden = {rel.parts[0] for _, rel in self._bound()}
+        return sorted(e for e in os.listdir(self.node_tmp_dir(node)) if e not in hidden)
 
     # ------------------------------------------------------------------ teardown
 
@@ -387,6 +403,17 @@ class SlurmCluster:
         self._killed.clear()
         self._dead_ns.clear()
         self.mnt_ns.clear()
+
+
+def _below_tmp(d: Optional[Path]) -> Optional[Path]:
+    """``d`` relative to /tmp when it lies below it, else None."""
+    if d is None:
+        return None
+    try:
+        rel = d.resolve().relative_to("/tmp")
+    except ValueError:
+        return None
+    return rel if rel.parts else None
 
 
 def _comm(pid: int) -> Optional[str]:

@@ -264,6 +264,8 @@ Tasks:
   node-check     A GPU node's hardware health: Xid with an action, NVLink, fabric, PCIe, IB, DCGM.
   nccl-check     A node's collective bus bandwidth (nccl-tests, else torch.distributed), against its
                  figure and its peers.
+  gpu-perf       Each GPU under load: GEMM TFLOPS, HBM and host<->device GB/s, against its model's
+                 figures and its peers.
   stacks         Where every rank of a hung job is: each process's Python stack, folded, the odd one
                  named.
   run-script     Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the

@@ -62,7 +62,7 @@ def test_a_node_that_cannot_measure_is_named_and_its_partner_cleared(tmp_path):
 def ranks_left():
     import subprocess
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "nccl_check.py" in line and "--nodes 2" in line]
+    return [line for line in out.splitlines() if "nccl_check.py" in line and "--nodes " in line]
 
 
 def test_a_node_whose_interpreter_is_missing_is_its_error_row_and_ends_its_partners_run(tmp_path):
@@ -77,10 +77,47 @@ def test_a_node_whose_interpreter_is_missing_is_its_error_row_and_ends_its_partn
     assert ranks_left() == []
 
 
-def test_pairs_is_not_a_runbook_steps_flag():
-    from diagnostics.builtin import REGISTRY
-    (arg,) = [a for a in REGISTRY["nccl-check"].args if a.name == "pairs"]
-    assert arg.client and "runbook" in arg.not_in_runbook
+def test_across_runs_one_collective_over_all_the_nodes(tmp_path):
+    """--across: the four nodes are one group, each node one rank of a 4-rank all-reduce; every
+    row reports the same group's figure and its place in it."""
+    r = mldiag("nccl-check", "--hosts-file", hosts(tmp_path), "-H", "n1,n2,n3,n4", "--across", "--json", *SMALL,
+               timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    docs = {d["target"]: d for d in json.loads(r.stdout)}
+    assert list(docs) == ["n1", "n2", "n3", "n4"]
+    groups_seen = {n: (d["data"]["group"]["node_rank"], d["data"]["group"]["nodes"]) for n, d in docs.items()}
+    assert groups_seen == {"n1": (0, 4), "n2": (1, 4), "n3": (2, 4), "n4": (3, 4)}
+    assert len({d["data"]["group"]["master"] for d in docs.values()}) == 1
+    for d in docs.values():
+        assert d["status"] == "ok" and d["data"]["rows"][-1]["busbw"] > 0
+        assert d["summary"].startswith("all-reduce over 4 nodes x 1 rank (torch-gloo): busbw")
+    assert ranks_left() == []
+
+
+def test_across_and_pairs_together_are_bad_input(tmp_path):
+    r = mldiag("nccl-check", "--hosts-file", hosts(tmp_path), "-H", "n1,n2", "--across", "--pairs", timeout=60)
+    assert r.returncode == 4 and "--across and --pairs" in r.stderr, r.stdout + r.stderr
+
+
+def test_the_qualify_runbook_runs_every_step_and_pairs_the_nodes(tmp_path):
+    """The built-in qualify runbook on two nodes with torch (this machine's CPU): node-check,
+    gpu-perf's quick tier, each node's all-reduce alone, then the pair: its step runs the nodes
+    two by two as the task's --pairs does (the registry's fan_out), every step ok."""
+    hosts_path = tmp_path / "hosts.yaml"
+    hosts_path.write_text("hosts:\n" + "".join(f"  {n}: {{local: true, python: {space_free_python()}}}\n"
+                                                for n in ("n1", "n2")))
+    r = mldiag("runbook", "qualify", "--hosts-file", hosts_path, "-H", "n1,n2", "--param", "tier=quick", "--json",
+               timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert [(s["id"], sorted(x["status"] for x in s["results"])) for s in report["steps"]] == [
+        ("node-check", ["ok", "ok"]), ("gpu-perf", ["ok", "ok"]), ("nccl-single", ["ok", "ok"]),
+        ("nccl-pairs", ["ok", "ok"])]
+    perf = {x["target"]: x["data"] for x in report["steps"][1]["results"]}
+    assert all(d["tier"] == "quick" and d["measured"]["0"]["gemm_fp32"] > 0 for d in perf.values())
+    pairs_step = {x["target"]: x["data"]["pairs"] for x in report["steps"][3]["results"]}
+    assert [(p["pass"], p["with"]) for p in pairs_step["n1"]] == [(1, "n2")] and pairs_step["n1"][0]["busbw"] > 0
+    assert ranks_left() == []
 
 
 # --------------------------------------------------------------------------- rows from pairs
@@ -120,6 +157,33 @@ def test_an_unreachable_member_is_its_row():
     (Target(name="h", host=SshHost(name="h", address="10.0.0.7")), "10.0.0.7"),
     (Target(name="alias", host=SshHost(name="alias")), "alias"),
     (Target(name="c", host=SshHost(name="h", address="10.0.0.7"), container=Container("pct", "200")), None),
+    (Target(name="c", host=SshHost(name="h", address="10.0.0.7"), container=Container("pct", "200"),
+            peer_address="10.1.0.7"), "10.1.0.7"),
+    (Target(name="h", host=SshHost(name="h", address="bastion-alias"), peer_address="10.2.0.3"), "10.2.0.3"),
 ])
 def test_the_address_peers_reach_a_member_at(target, address):
     assert groups.peer_address(target) == address
+
+
+def test_peer_address_in_hosts_yaml_pairs_with_a_node_range_and_is_never_inherited(tmp_path):
+    from diagnostics.core.errors import InputError
+    from diagnostics.inventory import topology
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n"
+                    "  gpu[1-2]: {address: \"mgmt-[1-2]\", peer_address: \"10.9.0.[11-12]\"}\n"
+                    "  pve:\n"
+                    "    address: pve\n"
+                    "    peer_address: 10.9.0.1\n"
+                    "    containers:\n"
+                    "      ct1: {runtime: pct, id: \"101\", peer_address: 10.9.1.101}\n"
+                    "      ct2: {runtime: pct, id: \"102\"}\n")
+    targets = topology.load(str(path)).targets
+    assert {n: targets[n].peer_address for n in ("gpu1", "gpu2", "pve", "ct1", "ct2")} == {
+        "gpu1": "10.9.0.11", "gpu2": "10.9.0.12", "pve": "10.9.0.1", "ct1": "10.9.1.101", "ct2": None}
+    for bad, said in (('gpu[1-2]: {address: "m-[1-2]", peer_address: 10.9.0.1}', "one address for 2 hosts"),
+                      ('gpu1: {peer_address: "-oProxy"}', "must not start with '-'"),
+                      ('gpu1: {peer_address: "a b"}', "")):
+        path.write_text(f"hosts:\n  {bad}\n")
+        with pytest.raises(InputError) as exc:
+            topology.load(str(path))
+        assert str(exc.value).startswith(f"{path}:2: ") and said in str(exc.value), str(exc.value)

@@ -92,6 +92,7 @@ SAMPLE_ARGV = {
     "stacks": ["--pid", "42,43"],
     "scan-log": ["--path", "/var/log/kern.log"],
     "nccl-check": ["--op", "all_gather", "--ranks", "4", "--expect-busbw=431", "--budget", "60"],
+    "gpu-perf": ["--tier", "standard", "--budget", "60", "--expect-gemm=700", "--device", "cpu"],
 }
 
 

@@ -1069,6 +1069,7 @@ FIELD_VALUES = {
     "activate": st.sampled_from(["", "conda activate x", "/a/b.sh"]),
     "local": st.sampled_from([False, False, True]),
     "address": st.sampled_from(["10.0.0.1", "h.lab", "h2.lab", "10.0.0.[1-4]"]),
+    "peer_address": st.sampled_from(["10.1.0.1", "c.lab", "10.1.0.[1-4]", "-x", "a b"]),
     "jump": st.sampled_from(["bastion", "b200", "gpu02"]), "gpus": st.integers(0, 8),
     "models": st.dictionaries(st.sampled_from(["m1", "m2"]), st.just("/m"), max_size=2),
     "runtime": st.sampled_from(topology.RUNTIMES), "id": st.sampled_from(["200", 201]),
@@ -1125,6 +1126,8 @@ def check_invariants(topo: Topology) -> None:
         assert target.local == (target.host is None)
         if target.container:
             assert is_safe_token(target.container.id)
+        if target.peer_address is not None:       # it becomes a rendezvous argument
+            assert is_safe_token(target.peer_address) and not target.peer_address.startswith("-")
     for members in list(topo.groups.values()) + [topo.default_targets]:
         assert all(member in topo.targets for member in members)
     assert topo.default_targets

@@ -86,11 +86,16 @@ def skipping(fan_out: Callable[..., List[Result]], op: str, valid_s: float,
                   if op in memory.get(t.name, {}) and now - memory[t.name][op]["passed"] <= valid_s}
         to_run = [t for t in targets if t.name not in recent]
         ran = fan_out(to_run, job_for, on_result=on_result, **kw) if to_run else []
-        by_name = {r.target: r for r in ran}
-        for name, entry in recent.items():
-            by_name[name] = skipped_row(name, entry, now)
+        skipped = {name: skipped_row(name, entry, now) for name, entry in recent.items()}
+        for row in skipped.values():
             if on_result is not None:
-                on_result(by_name[name])
+                on_result(row)
         remember(ran, op, clock())
-        return [by_name[t.name] for t in targets if t.name in by_name]
+        out: List[Result] = []
+        for t in targets:       # in the targets' order; a Slurm target's rows are its nodes'
+            if t.name in skipped:
+                out.append(skipped[t.name])
+            else:
+                out.extend(r for r in ran if r.target == t.name or r.target.startswith(t.name + ":"))
+        return out
     return run

@@ -10,7 +10,6 @@ verdict: ``slow-node`` (fail, drain), ``slow-link`` (warn, monitor: a pair slow 
 """
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from . import fleet, pairs, passed
@@ -18,6 +17,7 @@ from ...core.outcome import Outcome
 from ...core.results import Finding, Result
 from ...engine import execute as engine, groups, jobs, runner
 from ...inventory.targets import Target
+from ...transport.ssh import SshPool
 
 HINTS = {
     "slow-node": "slow with every partner: check its NICs, PCIe and NVLinks (mldiag node-check), "
@@ -41,15 +41,7 @@ def pair_busbw(results: Sequence[Result]) -> Optional[float]:
     return got[0][1]
 
 
-def member_job_of(job_for: Callable[[Target], Any]) -> groups.MemberJob:
-    def member_job(target: Target, rank: int, nodes: int, master: str):
-        job = job_for(target)
-        return replace(job, argv=tuple(job.argv) + ("--node-rank", str(rank), "--nodes", str(nodes),
-                                                    "--master", master))
-    return member_job
-
-
-def measure(round_: Sequence[pairs.Pair], by_name: Mapping[str, Target], member_job, parallel: int) -> Measured:
+def measure(round_: Sequence[pairs.Pair], by_name: Mapping[str, groups.Member], member_job, parallel: int) -> Measured:
     """Every pair of one round at once (they share no node)."""
     def one(pair):
         results = groups.run_group([by_name[pair[0]], by_name[pair[1]]], member_job)
@@ -118,20 +110,38 @@ def _said(seen, figure, lead) -> str:
     return (f"{lead}: " if lead else "") + text + below
 
 
+def placed(targets: Sequence[Target], job_for, pool, keep_allocations):
+    """(the members: each target where it runs, a Slurm target's node rows; the rows of the
+    targets that could not be placed; the release of the allocations made)."""
+    where, release = runner.place(targets, job_for, pool, keep_allocations)
+    return [p for p in where if not isinstance(p, Result)], [p for p in where if isinstance(p, Result)], release
+
+
 def pairs_fan_out(pct: float) -> Callable[..., List[Result]]:
     """A ``run_many`` for execute(): the selected targets measured in pairs, two passes."""
     def fan_out(targets: Sequence[Target], job_for, *, parallel: int = 32,
-                on_result: Optional[Callable[[Result], None]] = None, **_ignored) -> List[Result]:
-        names = [t.name for t in targets]
-        by_name = {t.name: t for t in targets}
-        member_job = member_job_of(job_for)
-        pass1 = measure(pairs.first_pass(names), by_name, member_job, parallel)
-        figure = pairs.threshold_of({p: v for p, (v, _) in pass1.items() if v is not None}, None, pct)
-        slow1 = {p: v is None or (figure is not None and v < figure) for p, (v, _) in pass1.items()}
-        pass2: Measured = {}
-        for round_ in pairs.second_pass(slow1):
-            pass2.update(measure(round_, by_name, member_job, parallel))
-        results = node_results(names, pass1, pass2, figure, pct)
+                on_result: Optional[Callable[[Result], None]] = None, pool=None, keep_allocations=None,
+                **_ignored) -> List[Result]:
+        own_pool = pool is None
+        pool = pool or SshPool()
+        try:
+            members, failed, release = placed(targets, job_for, pool, keep_allocations)
+            try:
+                names = [m.name for m, _ in members]
+                by_name = {m.name: (m, step) for m, step in members}
+                member_job = groups.member_job_of(job_for)
+                pass1 = measure(pairs.first_pass(names), by_name, member_job, parallel)
+                figure = pairs.threshold_of({p: v for p, (v, _) in pass1.items() if v is not None}, None, pct)
+                slow1 = {p: v is None or (figure is not None and v < figure) for p, (v, _) in pass1.items()}
+                pass2: Measured = {}
+                for round_ in pairs.second_pass(slow1):
+                    pass2.update(measure(round_, by_name, member_job, parallel))
+            finally:
+                release()
+        finally:
+            if own_pool:
+                pool.close()
+        results = failed + node_results(names, pass1, pass2, figure, pct)
         for r in results:
             if on_result is not None:
                 on_result(r)
@@ -139,14 +149,26 @@ def pairs_fan_out(pct: float) -> Callable[..., List[Result]]:
     return fan_out
 
 
+def fan_out(values: Mapping[str, Any]) -> Optional[Callable[..., List[Result]]]:
+    """How the task and a runbook step run the nodes together: two by two (--pairs), all as one
+    group (--across), or each alone (None)."""
+    if values.get("across"):
+        return groups.in_groups(0)
+    if values.get("pairs"):
+        return pairs_fan_out(fleet.percentage(values))
+    return None
+
+
 def run(opts: engine.Options, values: Mapping[str, Any], *, out: Optional[TextIO] = None) -> Outcome:
     """The nccl-check task: each node alone, judged with its fleet; with --pairs, two by two;
-    either way without the nodes that passed lately (passed.py)."""
+    both without the nodes that passed lately (passed.py); with --across, all as one group."""
     op = values.get("op") or "all_reduce"
+    together = fan_out(values)
+    if values.get("across"):
+        return engine.execute(opts, jobs.job_source("nccl-check", values), out=out, fan_out=together)
     valid_s = passed.valid_for(values)
-    if not values.get("pairs"):
+    if together is None:
         return engine.execute(opts, jobs.job_source("nccl-check", values), out=out, amend=fleet.judge(values),
                               fan_out=passed.skipping(runner.run_many, op, valid_s))
-    pct = fleet.percentage(values)
     return engine.execute(opts, jobs.job_source("nccl-check", values), out=out,
-                          fan_out=passed.skipping(pairs_fan_out(pct), op + " pairs", valid_s))
+                          fan_out=passed.skipping(together, op + " pairs", valid_s))
