@@ -106,6 +106,13 @@ def _stacks_judge(values: Values) -> Callable[[List[Any]], None]:
     return stacks_run.amend
 
 
+def _stacks_timeout(values: Values) -> Optional[float]:
+    """A window of samples takes its length, and a minute for the rest (finding the ranks,
+    the last dumps)."""
+    window = values.get("window")
+    return float(window) + 60.0 if window else None
+
+
 def _stacks_view(results, stream, *, color=False) -> None:
     from .stacks import run as stacks_run
     stacks_run.render_view(results, stream, color=color)
@@ -311,6 +318,29 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
         companions=("nvbandwidth.py", "nccl_tests.py", "gpu_perf_figures.json"),
         target_argv=_gpu_perf_expect, least_timeout=_gpu_perf_timeout, check=_gpu_perf_check),
     DiagnosticSpec(
+        "nccl-ras", "NCCL's own view of a job's communicators (its RAS port, NCCL 2.24+): missing "
+                    "ranks, ranks behind, errors.",
+        (Arg("addr", "the RAS address on the target (default: $NCCL_RAS_ADDR, else "
+                     "localhost:28028)", metavar="HOST:PORT"),
+         Arg("query-timeout", "seconds the query may take (default 10)", flag="--timeout", kind="int"),
+         Arg("verbose", "VERBOSE STATUS: NCCL lists more of the outlier ranks", kind="bool"),
+         Arg("format", "auto (JSON where NCCL has it, 2.28.7 on) | json | text",
+             choices=("auto", "json", "text"), metavar="FORMAT"))),
+    DiagnosticSpec(
+        "step-times", "Per-rank step times from a job's logs (Megatron, DeepSpeed, torchtitan, "
+                      "Lightning, HF Trainer): the slow rank.",
+        (Arg("log", "one rank's log on the target (repeatable, in rank order)", metavar="FILE",
+             repeatable=True),
+         Arg("log-pattern", "the ranks' logs on the target, {rank} standing for the rank "
+                            "(/logs/rank{rank}.log)", metavar="PATTERN"),
+         Arg("ranks", "with --log-pattern: ranks 0 to N-1", kind="int"),
+         Arg("format", "the logs' format (default: found per log)",
+             choices=("megatron", "deepspeed", "torchtitan", "lightning", "hf-trainer", "fallback"),
+             metavar="FORMAT"),
+         Arg("last", "each rank's last N steps (default 200)", kind="int"),
+         Arg("window", "the recent steps scored against the peers and the rank's own history "
+                       "(default 10)", kind="int"))),
+    DiagnosticSpec(
         "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
                   "one named.",
         (Arg("pid", "comma list of pids to dump as well as the job's ranks", metavar="PIDS"),
@@ -324,9 +354,13 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                           "with the standard-library reader (CPython 3.11-3.13)", kind="bool"),
          Arg("all-namespaces", "on a host, also the job's processes inside its containers "
                                "(default: left out, the containers are targets of their "
-                               "own)", kind="bool")),
-        companions=("pyframes.py", "flight_recorder.py"),
-        finish=_offer_py_spy, check=_stacks_check, judge=_stacks_judge, view=_stacks_view),
+                               "own)", kind="bool"),
+         Arg("window", "sample every rank's stack for this many seconds: the straggler of a slow "
+                       "job is the rank that waits least in collectives (at most 600)", kind="int"),
+         Arg("rate", "samples per second per rank during --window (default 4, at most 20)", kind="int")),
+        companions=("pyframes.py", "flight_recorder.py", "wait_frames.json"),
+        finish=_offer_py_spy, check=_stacks_check, judge=_stacks_judge, view=_stacks_view,
+        least_timeout=_stacks_timeout),
 )
 
 REGISTRY: Dict[str, DiagnosticSpec] = {spec.name: spec for spec in BUILTINS}

@@ -264,8 +264,14 @@ def files(dirs: Sequence[Tuple[str, str]]) -> Dict[str, Tuple[str, str]]:
     return dict(sorted(found.items()))
 
 
+# a built-in runbook's old name: still runs it (a team's runbook of that name comes first)
+ALIASES = {"hung-job": "slow-or-hung"}
+
+
 def find(name: str, dirs: Sequence[Tuple[str, str]]) -> Runbook:
     known = files(dirs)
+    if name not in known and ALIASES.get(name) in known:
+        name = ALIASES[name]
     if name not in known:
         listed = ", ".join(known) or "none"
         raise InputError(f"unknown runbook {name!r}{_guess(name, known)} (runbooks: {listed}; "

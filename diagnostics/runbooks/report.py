@@ -159,24 +159,52 @@ def _header(run, version: str) -> List[str]:
     ]
 
 
-def _odd_one_out(run) -> List[str]:
-    """A stacks step that named an odd rank: where it is, before anything else (hung-job)."""
-    lines: List[str] = []
-    placements = getattr(run, "placements", {})
+# what to do next, by verdict (a runbook that sampled stacks, stragglers or RAS: slow-or-hung)
+NEXT = {
+    "hung": "the odd rank is where the job stands: look at its frame (above); its node's kernel log "
+            "and GPUs (node-check, gpu-status); NCCL's view (nccl-ras) says which communicator waits",
+    "slow": "the straggler is the rank the others wait for: check its node (gpu-perf under load, "
+            "node-check, its data loading); if it is one node's hardware, drain it and restart the job",
+}
+
+
+def verdict(run) -> Optional[Dict[str, Any]]:
+    """The job's state from what the steps found, or None when no step judged it: ``slow`` where a
+    straggler was named (stacks over a window, or the ranks' step times: the job moves), else
+    ``hung`` where the fold named an odd rank (or NCCL said a rank is missing). {"verdict",
+    "evidence": [(step, target, finding)]}."""
+    found = {"slow": [], "hung": []}
     for sr in run.steps:
-        if sr.step.task != "stacks":
-            continue
-        odd = [(r.target, f) for r in sr.results for f in r.findings if f.code == "stacks-odd-one-out"]
-        if not odd:
-            continue
-        lines += ["## The odd one out", ""]
-        for target, finding in odd:
-            owner = sr.owner(result_named(sr, target))
-            where = placements.get(owner)
-            lines.append(f"- **{_md(target)}**" + (f" ({_md(where)})" if where else "")
-                         + f" · {_md(finding.level)} · {_lines(finding.message)[0]}")
+        for r in sr.results:
+            for f in r.findings:
+                if f.code == "straggler":
+                    found["slow"].append((sr, r.target, f))
+                elif f.code in ("stacks-odd-one-out", "ras-rank-missing", "ras-process-missing",
+                                "ras-process-dead"):
+                    found["hung"].append((sr, r.target, f))
+    for name in ("slow", "hung"):
+        if found[name]:
+            return {"verdict": name, "evidence": found[name]}
+    return None
+
+
+def _verdict(run) -> List[str]:
+    """The verdict, with its evidence and where each rank named runs, before anything else; for
+    a hang the folded stacks too."""
+    judged = verdict(run)
+    if judged is None:
+        return []
+    placements = getattr(run, "placements", {})
+    lines = [f"## Verdict: {judged['verdict']}", ""]
+    for sr, target, finding in judged["evidence"]:
+        where = placements.get(sr.owner(result_named(sr, target)))
+        lines.append(f"- **{_md(target)}**" + (f" ({_md(where)})" if where else "")
+                     + f" · {_md(sr.step.id)} · {_md(finding.level)} · {_lines(finding.message)[0]}")
+    lines += ["", f"Next: {_md(NEXT[judged['verdict']])}."]
+    stacks = next((sr for sr in run.steps if sr.step.task == "stacks" and sr.results), None)
+    if judged["verdict"] == "hung" and stacks is not None:
         from ..builtin.stacks.run import fold_view      # only a report with a stacks step needs it
-        lines += [""] + _fence("\n".join(fold_view(sr.results)))
+        lines += [""] + _fence("\n".join(fold_view(stacks.results)))
     return lines
 
 
@@ -348,7 +376,7 @@ def render_markdown(run, stream: TextIO, *, version: str, appendix: bool = True,
     tail = _appendix(run) if appendix else [
         "## Raw results", "", f"Left out on a terminal: {where}"
         "`--format json` prints them, and a pipe or a redirect gets the whole report."]
-    sections = [_header(run, version), _odd_one_out(run), _summary(run), _findings(run),
+    sections = [_header(run, version), _verdict(run), _summary(run), _findings(run),
                 _skipped(run), _steps(run), tail]
     render.emit(stream, "\n\n".join("\n".join(s) for s in sections if s) + "\n")
 
@@ -366,12 +394,22 @@ def report_dict(run, *, version: str) -> Dict[str, Any]:
         "params": _shown_params(run),
         "status": worst_status(r.status for r in results) if results else None,
         "exit_code": run.exit_code, "interrupted": run.interrupted,
+        "verdict": _verdict_dict(run),
         "steps": [{"number": sr.number, "id": sr.step.id, "task": sr.step.task,
                    "title": _title(run, sr), "args": dict(sr.step.args),
                    "results": [r.to_dict() for r in sr.results],
                    "skipped": [{"target": s.target, "kind": s.kind, "reason": s.reason}
                                for s in sr.skipped]} for sr in run.steps],
     }
+
+
+def _verdict_dict(run) -> Optional[Dict[str, Any]]:
+    judged = verdict(run)
+    if judged is None:
+        return None
+    return {"verdict": judged["verdict"], "next": NEXT[judged["verdict"]],
+            "evidence": [{"step": sr.step.id, "target": target, "code": f.code, "message": f.message}
+                         for sr, target, f in judged["evidence"]]}
 
 
 def render_json(run, stream: TextIO, *, version: str) -> None:

@@ -70,6 +70,10 @@ def build_parser():
                    help="also dump job processes in containers below this pid namespace")
     p.add_argument("--no-upload", dest="no_upload", action="store_true",
                    help="(recorded only: the client ships nothing)")
+    p.add_argument("--window", type=float, default=0.0,
+                   help="sample every rank's stack for this many seconds (the straggler: the rank "
+                        "that waits least in collectives)")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE, help="samples per second per rank")
     p.add_argument("--offer-py-spy", dest="offer_py_spy", default="",
                    help="the client can ship py-spy for this machine type: when none is here, "
                         "stop after finding the processes and ask for it")
@@ -233,12 +237,14 @@ def find_py_spy(given):
     return None
 
 
-def dump(py_spy, pid, native=False):
+def dump(py_spy, pid, native=False, nonblocking=False):
     """(threads, error, seconds): py-spy's JSON for one process, or why not. error is None on
-    success; OSError (py-spy cannot run at all, e.g. a noexec temp dir) is raised."""
+    success; OSError (py-spy cannot run at all, e.g. a noexec temp dir) is raised.
+    ``nonblocking``: the process is not paused (a window's repeated samples)."""
     start = time.monotonic()
     timeout = NATIVE_TIMEOUT if native else DUMP_TIMEOUT
-    argv = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    argv = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else []) + \
+        (["--nonblocking"] if nonblocking else [])
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=timeout)
@@ -294,11 +300,12 @@ def _source_lines(path, owner):
         os.close(fd)
 
 
-def add_source(proc, pid, threads):
+def add_source(proc, pid, threads, cache=None):
     """Give each main-thread frame its source line (``source``), read where the process sees
     the file: through /proc/PID/root (a container's process seen from its host too), a
     relative name from /proc/PID/cwd. Only ``*.py`` files the process's owner may read: a
-    planted file name never makes us print a file its owner could not read."""
+    planted file name never makes us print a file its owner could not read. ``cache``: the
+    files read for this process so far (a window's samples read each file once)."""
     if not isinstance(threads, list) or not threads:
         return
     named = [t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"]
@@ -311,7 +318,7 @@ def add_source(proc, pid, threads):
     if not isinstance(frames, list):
         return
     base = os.path.join(proc, str(pid))
-    cache = {}
+    cache = {} if cache is None else cache
     for frame in frames[:MAX_SOURCE_FRAMES]:
         if not isinstance(frame, dict):
             continue
@@ -392,8 +399,25 @@ def run(args, proc="/proc"):
         data["wants_py_spy"] = True
         return {"status": "ok", "summary": "%d processes found; asking for py-spy" % len(found),
                 "findings": [], "data": data}
-    processes, spy_failed = read_all(found, proc, py_spy, native)
     findings = []
+    window = min(max(float(getattr(args, "window", 0.0) or 0.0), 0.0), MAX_WINDOW)
+    if window and found:
+        rate = min(max(float(getattr(args, "rate", DEFAULT_RATE) or DEFAULT_RATE), 0.2), MAX_RATE)
+        try:
+            rules = load_wait_rules()
+        except (OSError, ValueError) as e:
+            rules = None
+            findings.append({"level": "warn", "code": "window-not-sampled", "action": "none",
+                             "message": "wait_frames.json unreadable: %s" % e})
+        if rules is not None:
+            t0 = time.monotonic()
+            per_pid, rounds = sample_window(found, proc, py_spy, window, rate, rules)
+            data["window"] = {"seconds": round(time.monotonic() - t0, 3), "asked": window, "rate": rate,
+                              "rounds": rounds}
+    processes, spy_failed = read_all(found, proc, py_spy, native)
+    for entry in processes:
+        if "window" in data and entry["pid"] in per_pid:
+            entry["window"] = per_pid[entry["pid"]]
     collectors = sorted({p["collector"] for p in processes if p.get("threads")})
     data.update(processes=processes, collector="+".join(collectors) or None, py_spy_error=spy_failed)
     read = sum(1 for p in processes if p.get("threads"))
@@ -440,6 +464,121 @@ def run(args, proc="/proc"):
         " (%s)" % data["collector"] if data["collector"] and data["collector"] != "py-spy" else "",
         _left_out_text(left_out)) if processes else findings[0]["message"])
     return {"status": status, "summary": summary, "findings": findings, "data": data}
+
+
+# --------------------------------------------------------------------------- a window of samples
+
+WAIT_FRAMES_FILE = "wait_frames.json"
+MAX_WINDOW = 600.0                # seconds
+MAX_RATE = 20.0                   # samples per second per process
+DEFAULT_RATE = 4.0
+
+
+def load_wait_rules(path=None):
+    """wait_frames.json's rules, each (file, function, code) compiled regular expressions (None
+    where the rule gives none). Raises OSError or ValueError."""
+    import re as _re
+    with open(path or os.path.join(HERE, WAIT_FRAMES_FILE), "r", encoding="utf-8") as f:
+        raw = json.load(f)
+    rules = []
+    for rule in raw.get("rules") or []:
+        rules.append(tuple(_re.compile(rule[k]) if isinstance(rule.get(k), str) else None
+                           for k in ("file", "function", "code")))
+    if not rules:
+        raise ValueError("%s: no rules" % (path or WAIT_FRAMES_FILE))
+    return rules
+
+
+def _matches(frame, rule):
+    file_re, function_re, code_re = rule
+    name, filename, source = frame.get("name"), frame.get("filename"), frame.get("source")
+    if file_re is not None and not (isinstance(filename, str) and file_re.search(filename)):
+        return False
+    if function_re is not None and not (isinstance(name, str) and function_re.fullmatch(name)):
+        return False
+    if code_re is not None and not (isinstance(source, str) and code_re.search(source)):
+        return False
+    return True
+
+
+def main_frames(threads):
+    """The main thread's frames, innermost first (the thread named MainThread, else the first)."""
+    if not isinstance(threads, list) or not threads:
+        return []
+    named = [t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"]
+    thread = named[0] if named else threads[0]
+    frames = thread.get("frames") if isinstance(thread, dict) else None
+    return [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
+
+
+def classify(threads, rules):
+    """(waiting in a collective, the innermost frame as text, the stack's signature) of one
+    sample's main thread. Pure."""
+    frames = main_frames(threads)
+    waiting = any(_matches(f, rule) for f in frames[:MAX_SOURCE_FRAMES] for rule in rules)
+    top = frames[0] if frames else {}
+    where = "%s (%s:%s)" % (top.get("name"), top.get("filename"), top.get("line")) if frames else None
+    signature = tuple((f.get("name"), f.get("filename"), f.get("line")) for f in frames[:MAX_SOURCE_FRAMES])
+    return waiting, where, signature
+
+
+def summarise_samples(samples):
+    """One process's window from its samples [(waiting, where, signature)]: {"samples",
+    "waiting", "wait_share", "busy_frame", "busy_share", "distinct_stacks"}. Pure."""
+    n = len(samples)
+    waiting = sum(1 for w, _, _ in samples if w)
+    busy = {}
+    for w, where, _ in samples:
+        if not w and where:
+            busy[where] = busy.get(where, 0) + 1
+    frame, count = max(busy.items(), key=lambda kv: (kv[1], kv[0])) if busy else (None, 0)
+    return {"samples": n, "waiting": waiting, "wait_share": round(waiting / n, 4) if n else None,
+            "busy_frame": frame, "busy_share": round(count / n, 4) if n else None,
+            "distinct_stacks": len(set(sig for _, _, sig in samples))}
+
+
+def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic, sleep=time.sleep):
+    """Each found process's main thread sampled ``rate`` times a second on average, at random
+    intervals, for ``window`` seconds (the standard-library reader where it can read them: no
+    process started, none paused; else py-spy ``--nonblocking``): {pid: summarise_samples(...)},
+    and the rounds made."""
+    period = 1.0 / rate
+    start = clock()
+    samples = dict((pid, []) for pid, _, _, _ in found)
+    caches = dict((pid, {}) for pid in samples)
+    use_spy = None                    # decided on the first round: the reader that works
+    rounds = 0
+    import random
+    jitter = random.Random()
+    while True:
+        tick = clock()
+        if tick - start >= window:
+            break
+        for pid in samples:
+            threads = None
+            if use_spy is not True:
+                threads, error, _ = read_stdlib(pid, proc)
+                if threads is None and use_spy is None and py_spy:
+                    use_spy = True
+                elif threads is not None:
+                    use_spy = False
+            if use_spy and threads is None:
+                try:
+                    threads, error, _ = dump(py_spy, pid, nonblocking=True)
+                except OSError:
+                    threads = None
+            if isinstance(threads, list):
+                add_source(proc, pid, threads, caches[pid])
+                samples[pid].append(classify(threads, rules))
+        rounds += 1
+        # NOTE: a random interval (mean: the period), not a fixed one: a job steps at a steady
+        # rate, and samples at a rate near it would see every rank at the same point of each step
+        # (measured on the lab's slow job, 5 steps and 5 samples a second: the ranks that wait 80 %
+        # of the time showed 7 %); random times see each part of the step as often as it lasts
+        left = period * jitter.uniform(0.5, 1.5) - (clock() - tick)
+        if left > 0:
+            sleep(left)
+    return dict((pid, summarise_samples(got)) for pid, got in samples.items()), rounds
 
 
 def _left_out_text(left_out):

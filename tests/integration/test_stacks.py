@@ -120,12 +120,10 @@ def torch_in_ct(lab):
     return {"PYTHONPATH": str(site), "LD_LIBRARY_PATH": str(libdir)}, fixtures
 
 
-@pytest.fixture(scope="module")
-def two_node_job(lab, tmp_path_factory):
-    """torchrun --nnodes 2: node 0 here, node 1 in CT 200.
-    Yields {"host": {rank: pid}, "ct": {rank: host pid}, "procs": (host, ct), "logs": ...}."""
+def start_two_nodes(lab, work, job, host_env, ct_env):
+    """torchrun --nnodes 2 of ``job`` (a file of tests/fixtures/stacks): node 0 here (ranks
+    0-1, with ``host_env``), node 1 in CT 200 (ranks 2-3, with ``ct_env``). (procs, logs)."""
     env, fixtures = torch_in_ct(lab)
-    work = tmp_path_factory.mktemp("hung-job")
     logs = (work / "node0.log", work / "node1.log")
     torchrun = Path(sys.executable).with_name("torchrun")
     procs = []
@@ -133,21 +131,29 @@ def two_node_job(lab, tmp_path_factory):
         common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                   "--master-port", str(port)]
         with open(logs[0], "wb") as out:
-            procs.append(subprocess.Popen([str(torchrun), *common, "--node-rank", "0", str(JOB)],
+            procs.append(subprocess.Popen([str(torchrun), *common, "--node-rank", "0", str(job)],
                                           stdout=out, stderr=subprocess.STDOUT, cwd=str(work),
-                                          start_new_session=True,
-                                          env={**os.environ, FR_VAR: str(work / "fr_rank_")}))
+                                          start_new_session=True, env={**os.environ, **host_env}))
         with open(logs[1], "wb") as out:
             procs.append(subprocess.Popen(
                 # the CT's pid and mount namespaces, the host's network: its ranks reach node 0
                 # on 127.0.0.1 (the lab's CTs have a network namespace of their own, lo only)
                 ["lxc-attach", "-P", str(lab.lxc_path), "-n", str(lab.ct_running),
                  "--namespaces=MOUNT|PID|UTS|IPC", "--clear-env", "--",
-                 "env", *(f"{k}={v}" for k, v in env.items()), f"{FR_VAR}=/tmp/fr_rank_",
+                 "env", *(f"{k}={v}" for k, v in {**env, **ct_env}.items()),
                  lab.venv_python, "-m",
                  "torch.distributed.run", *common, "--node-rank", "1",
-                 str(fixtures / "stacks" / JOB.name)],
+                 str(fixtures / "stacks" / job.name)],
                 stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True))
+    return procs, logs
+
+
+@pytest.fixture(scope="module")
+def two_node_job(lab, tmp_path_factory):
+    """torchrun --nnodes 2: node 0 here, node 1 in CT 200.
+    Yields {"host": {rank: pid}, "ct": {rank: host pid}, "procs": (host, ct), "logs": ...}."""
+    work = tmp_path_factory.mktemp("hung-job")
+    procs, logs = start_two_nodes(lab, work, JOB, {FR_VAR: str(work / "fr_rank_")}, {FR_VAR: "/tmp/fr_rank_"})
     dumps = []
     try:
         wait_for(logs, 4, procs)
@@ -167,13 +173,18 @@ def two_node_job(lab, tmp_path_factory):
                 dump.unlink()
             except OSError:
                 pass
-        for proc in procs:
-            end_session(proc)
-        for pid in job_ranks(JOB.name).values():      # what lxc-attach left inside the CT
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        end_two_nodes(procs, JOB)
+
+
+def end_two_nodes(procs, job):
+    """Both nodes' sessions ended, and what lxc-attach left inside the CT."""
+    for proc in procs:
+        end_session(proc)
+    for pid in job_ranks(job.name).values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +332,19 @@ def test_no_upload_reads_the_same_stacks_with_the_standard_library(two_node_job,
         assert "(stdlib)" in doc["summary"]
 
 
+def test_a_window_over_a_hung_job_names_no_straggler(two_node_job, hosts):
+    """stacks --window on the hung job: every rank's stack stands still through the window (the
+    three in all_reduce wait in every sample, the odd one in none of them): hung, not slow, so
+    no straggler is named; the fold still names the odd rank."""
+    docs = docs_of(mldiag("stacks", "--hosts-file", hosts, "-H", "box-sudo,ct", "--no-upload", "--window", "2",
+                          "--rate", "5", "--json"))
+    windows = {p["rank"]: p["window"] for d in docs.values() for p in d["data"]["processes"]}
+    assert {r: (w["wait_share"], w["distinct_stacks"]) for r, w in windows.items()} == {
+        0: (1.0, 1), 1: (1.0, 1), 2: (1.0, 1), 3: (0.0, 1)}
+    codes = [f["code"] for d in docs.values() for f in d["findings"]]
+    assert "straggler" not in codes and "stacks-odd-one-out" in codes
+
+
 def test_another_users_processes_are_a_clear_ptrace_finding(two_node_job, hosts, py_spy):
     """mlsh may not read root's processes: their environment hides the ranks, and the one named
     with --pid is refused by the kernel: a fail finding that says how to get in."""
@@ -338,9 +362,11 @@ def test_another_users_processes_are_a_clear_ptrace_finding(two_node_job, hosts,
 
 
 def test_the_hung_job_runbook_puts_the_odd_rank_first(two_node_job, lab, tmp_path):
-    """`runbook hung-job`: stacks on both targets (judged together), the job's log scanned for
-    the first gloo timeout (a real one: tests/fixtures/stacks/gloo_timeout.log), gpu-status;
-    the report opens with where the odd rank is."""
+    """`runbook hung-job` (the old name of slow-or-hung): stacks over a window on both targets
+    (judged together: every rank stands still, so hung, not slow), the job's log scanned for
+    the first gloo timeout (a real one: tests/fixtures/stacks/gloo_timeout.log), NCCL's RAS
+    (nothing listens: a gloo job), gpu-status; the report opens with the verdict and where the
+    odd rank is."""
     _env, fixtures = torch_in_ct(lab)
     log = fixtures / "stacks" / "gloo_timeout.log"
     hosts = lab.hosts_yaml("defaults: {connect_timeout: 5, timeout: 120}\n"
@@ -353,22 +379,25 @@ def test_the_hung_job_runbook_puts_the_odd_rank_first(two_node_job, lab, tmp_pat
                            + ct("ct", env={"MLDIAG_FAKE_NVIDIA_SMI": "derived__h200x8__healthy"}))
     save = tmp_path / "report"
     r = mldiag("runbook", "hung-job", "--hosts-file", hosts, "-H", "box-sudo,ct", "--param",
-               f"log={log}", "--save", save, timeout=300)
+               f"log={log}", "--param", "window=2", "--save", save, timeout=300)
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 2, r.stdout + r.stderr
     report = (save / "report.md").read_text()
     assert report == r.stdout
     sections = re.findall(r"^## (.+)$", report, re.M)
-    assert sections[:3] == ["The odd one out", "Summary", "Findings"], sections
-    odd = report.split("## The odd one out", 1)[1].split("## Summary", 1)[0]
-    assert "- **ct** (pve (main) → sudo → pct 200) · fail · 1/4 ranks (ct:3) not in the collective " \
+    assert sections[:3] == ["Verdict: hung", "Summary", "Findings"], sections
+    odd = report.split("## Verdict: hung", 1)[1].split("## Summary", 1)[0]
+    assert "- **ct** (pve (main) → sudo → pct 200) · stacks · fail · 1/4 ranks (ct:3) not in the collective " \
            "the other 3 wait in (all_reduce): sigwait (signal.py:" in odd, odd
+    assert "\nNext: the odd rank is where the job stands" in odd, odd
     assert [re.sub(r"signal\.py:\d+", "signal.py:{line}", line) for line in odd.splitlines()
             if re.match(r"\d+/\d+ ranks ", line)] == [
         f"3/4 ranks (box-sudo:[0-1],ct:2)  {MAJOR}", f"1/4 ranks (ct:3)                 {ODD}   ← the odd one out"]
     doc = json.loads((save / "report.json").read_text())
     steps = {s["id"]: {x["target"]: x for x in s["results"]} for s in doc["steps"]}
-    assert [s["id"] for s in doc["steps"]] == ["stacks", "scan-log", "gpu-status"]
+    assert [s["id"] for s in doc["steps"]] == ["stacks", "step-times", "nccl-ras", "scan-log", "gpu-status"]
+    assert doc["runbook"] == "slow-or-hung" and doc["verdict"]["verdict"] == "hung"
+    assert "straggler" not in [f["code"] for r in steps["stacks"].values() for f in r["findings"]]
     assert steps["stacks"]["ct"]["status"] == "fail" and steps["stacks"]["box-sudo"]["status"] == "ok"
     for target in ("box-sudo", "ct"):
         nccl = {f["code"]: f for f in steps["scan-log"][target]["findings"]}["nccl"]

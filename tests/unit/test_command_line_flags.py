@@ -266,6 +266,10 @@ Tasks:
                  figure and its peers.
   gpu-perf       Each GPU under load: GEMM TFLOPS, HBM and host<->device GB/s, against its model's
                  figures and its peers.
+  nccl-ras       NCCL's own view of a job's communicators (its RAS port, NCCL 2.24+): missing ranks,
+                 ranks behind, errors.
+  step-times     Per-rank step times from a job's logs (Megatron, DeepSpeed, torchtitan, Lightning,
+                 HF Trainer): the slow rank.
   stacks         Where every rank of a hung job is: each process's Python stack, folded, the odd one
                  named.
   run-script     Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the

@@ -93,6 +93,8 @@ SAMPLE_ARGV = {
     "scan-log": ["--path", "/var/log/kern.log"],
     "nccl-check": ["--op", "all_gather", "--ranks", "4", "--expect-busbw=431", "--budget", "60"],
     "gpu-perf": ["--tier", "standard", "--budget", "60", "--expect-gemm=700", "--device", "cpu"],
+    "nccl-ras": ["--addr", "127.0.0.1:28028", "--timeout", "5", "--verbose", "--format", "text"],
+    "step-times": ["--log", "/logs/r0.log", "--log", "/logs/r1.log", "--format", "megatron", "--last", "50"],
 }
 
 

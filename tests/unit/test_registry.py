@@ -72,7 +72,7 @@ def test_a_tasks_flag_help_and_value_name_are_its_specs(spec):
     for arg in spec.args:
         argument = context_args[arg.python_name]
         assert argument.help == (arg.task_help or arg.help)
-        assert argument.kind is (bool if arg.kind == "bool" else str)
+        assert argument.kind is (bool if arg.kind == "bool" else list if arg.repeatable else str)
         assert argument.positional is arg.positional
 
 

@@ -21,7 +21,7 @@ from diagnostics.engine.team import Problem
 from diagnostics.inventory.topology import Target
 
 BUILTIN_NAMES = ("ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, "
-                 "nccl-check, gpu-perf, stacks")
+                 "nccl-check, gpu-perf, nccl-ras, step-times, stacks")
 
 
 def target(body="{local: true}"):

@@ -56,7 +56,7 @@ def test_a_good_runbook():
 
 def test_the_built_in_runbooks_load():
     found = runbook.files(runbook.search_dirs())
-    assert list(found) == ["extraction-fails", "hung-job", "node-health", "qualify", "slow-training"]
+    assert list(found) == ["extraction-fails", "node-health", "qualify", "slow-or-hung", "slow-training"]
     books = {name: runbook.load(path) for name, (path, _label) in found.items()}
     assert [s.task for s in books["slow-training"].steps] == ["gpu-status", "env-report", "check-attn", "scan-log"]
     assert [s.task for s in books["extraction-fails"].steps] == ["env-report", "extract-smoke", "scan-log"]
@@ -78,11 +78,11 @@ def test_the_built_in_runbooks_load():
                  "rb.yaml:2: step: unknown key (did you mean 'steps'?)", id="unknown-top-key"),
     pytest.param("description: x\nsteps:\n  - task: ping\n  - task: gpu-stats\n",
                  "rb.yaml:4: steps[1].task: unknown task 'gpu-stats' (did you mean 'gpu-status'? tasks: "
-                 "ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, nccl-check, gpu-perf, stacks, run-script)",
+                 "ping, gpu-status, check-attn, env-report, extract-smoke, scan-log, node-check, nccl-check, gpu-perf, nccl-ras, step-times, stacks, run-script)",
                  id="unknown-task"),
     pytest.param("description: x\nsteps:\n  - args: {}\n",
                  "rb.yaml:3: steps[0].task: required (one of ping, gpu-status, check-attn, env-report, "
-                 "extract-smoke, scan-log, node-check, nccl-check, gpu-perf, stacks, run-script)", id="no-task"),
+                 "extract-smoke, scan-log, node-check, nccl-check, gpu-perf, nccl-ras, step-times, stacks, run-script)", id="no-task"),
     pytest.param("description: x\nsteps:\n  - task: gpu-status\n    stop-if: fail\n",
                  "rb.yaml:4: steps[0].stop-if: unknown key (did you mean 'stop_if'?)", id="unknown-step-key"),
     pytest.param("description: x\nsteps:\n  - task: check-attn\n    args:\n      modle: x\n",
@@ -182,7 +182,7 @@ def test_unknown_runbook_and_undeclared_param():
     with pytest.raises(InputError) as exc:
         runbook.find("slow-trainig", dirs)
     assert str(exc.value) == ("unknown runbook 'slow-trainig' (did you mean 'slow-training'?) (runbooks: "
-                              "extraction-fails, hung-job, node-health, qualify, slow-training; `runbook --list` describes them)")
+                              "extraction-fails, node-health, qualify, slow-or-hung, slow-training; `runbook --list` describes them)")
     book = runbook.find("slow-training", dirs)
     with pytest.raises(InputError) as exc:
         book.param_values({"lg": "/x"})
@@ -418,15 +418,15 @@ def test_list_shows_the_runbooks_and_a_broken_one_exits_4(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["NAME", "SOURCE", "DESCRIPTION"]
     assert [ln.split()[0] for ln in lines[1:] if not ln.startswith(" ")] == \
-        ["extraction-fails", "hung-job", "node-health", "qualify", "slow-training"]
+        ["extraction-fails", "node-health", "qualify", "slow-or-hung", "slow-training"]
     assert "--param log=...  the training log on the target" in r.stdout
 
     (tmp_path / "broken.yaml").write_text("description: x\nsteps:\n  - task: gpu-stats\n")
     (tmp_path / "mine.yaml").write_text("description: my own\nsteps: [{task: ping}]\n")
     r = mldiag("runbook", "--list", "--runbooks-dir", tmp_path, "--json")
     assert r.returncode == 4
-    assert [b["name"] for b in json.loads(r.stdout)] == ["extraction-fails", "hung-job", "mine", "node-health",
-                                                         "qualify", "slow-training"]
+    assert [b["name"] for b in json.loads(r.stdout)] == ["extraction-fails", "mine", "node-health", "qualify",
+                                                         "slow-or-hung", "slow-training"]
     assert f"{tmp_path / 'broken.yaml'}:3: steps[0].task: unknown task 'gpu-stats'" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -491,3 +491,11 @@ def test_the_docs_example_is_a_valid_runbook(tmp_path):
         runbook.load(str(tmp_path / "team" / "triage.yaml"))
     shown = readme.split("exit 4:\n  `team/triage.yaml:", 1)[1].split("`.", 1)[0]
     assert str(exc.value) == f"{tmp_path / 'team' / 'triage.yaml'}:{shown}"
+
+
+def test_hung_job_is_the_old_name_of_slow_or_hung_and_a_teams_own_comes_first(tmp_path):
+    dirs = runbook.search_dirs(())
+    assert runbook.find("hung-job", dirs).name == "slow-or-hung"
+    (tmp_path / "hung-job.yaml").write_text("description: ours\nsteps: [{task: ping}]\n")
+    dirs = runbook.search_dirs(((str(tmp_path), "hosts.yaml", 1),))
+    assert runbook.find("hung-job", dirs).description == "ours"

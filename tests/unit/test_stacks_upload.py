@@ -53,7 +53,7 @@ def test_the_offer_and_the_follow_up():
     with open(real_py_spy(), "rb") as f:
         assert second.extra_files["py-spy"] == f.read()
     assert second.argv == ("--pid=1",) and second.follow_up is None      # asked once
-    assert set(second.extra_files) == {"py-spy", "pyframes.py", "flight_recorder.py", "_remote.py"}
+    assert set(second.extra_files) == {"py-spy", "pyframes.py", "flight_recorder.py", "wait_frames.json", "_remote.py"}
     # nothing shipped unless asked in so many words, and never after an error
     for data, status in (({}, "ok"), ({"wants_py_spy": "yes"}, "ok"), ({"wants_py_spy": True}, "error"),
                          ("junk", "ok")):

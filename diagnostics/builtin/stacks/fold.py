@@ -18,7 +18,7 @@ and ``warn`` otherwise. No strict majority: ``warn stacks-split``.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ...core import nodeset
 
@@ -207,3 +207,16 @@ def lines(groups: Sequence[Group]) -> List[str]:
         out.append(f"… {len(rest)} more groups ({sum(len(g.members) for g in rest)} ranks): "
                    "--json or --save has every stack")
     return out
+
+
+def processes_of(results: Sequence[Any]) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(result, process) for each process entry a target that answered sent (data.processes[]):
+    a target's data is its own word, so anything else in it is skipped."""
+    for result in results:
+        data = result.data if isinstance(result.data, dict) else {}
+        processes = data.get("processes")
+        if result.status == "error" or not isinstance(processes, list):
+            continue
+        for proc in processes:
+            if isinstance(proc, dict):
+                yield result, proc

@@ -13,29 +13,24 @@ import re
 from typing import List, Sequence, TextIO
 
 from ...core import results as results_mod
-from . import flight_recorder as stacks_fr
+from . import flight_recorder as stacks_fr, stragglers
 from ...core.errors import InputError
 from ...views.render import emit, safe_text
 from ...core.results import Finding, Result
-from .fold import MAX_GROUPS, RankStack, fold, judge, lines
+from .fold import MAX_GROUPS, RankStack, fold, judge, lines, processes_of
 
 
 def rank_stacks(results: Sequence[Result]) -> List[RankStack]:
     """One RankStack per process a target dumped (data.processes[].threads); anything else in
     a target's data is skipped (it is that target's word, validated here)."""
     out = []
-    for result in results:
-        data = result.data if isinstance(result.data, dict) else {}
-        processes = data.get("processes")
-        if result.status == "error" or not isinstance(processes, list):
+    for result, proc in processes_of(results):
+        if not isinstance(proc.get("threads"), list):
             continue
-        for proc in processes:
-            if not isinstance(proc, dict) or not isinstance(proc.get("threads"), list):
-                continue
-            pid, rank = proc.get("pid"), proc.get("rank")
-            out.append(RankStack(result.target, pid if isinstance(pid, int) else 0,
-                                 rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-                                 proc["threads"]))
+        pid, rank = proc.get("pid"), proc.get("rank")
+        out.append(RankStack(result.target, pid if isinstance(pid, int) else 0,
+                             rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                             proc["threads"]))
     return out
 
 
@@ -43,6 +38,7 @@ def amend(results: List[Result]) -> None:
     """Add the fleet's judgement to the targets it is about: odd ranks' targets, or (a split)
     every target with a stack; then the flight recorder's, to the targets of the ranks behind
     (or every target that sent dumps)."""
+    stragglers.amend(results)        # --window: the rank the others wait for
     groups = fold(rank_stacks(results))
     by_target = {r.target: r for r in results}
     placed = _placed(groups, judge(groups)) + _flight_recorder(results)[0]
@@ -112,6 +108,10 @@ def check_values(values: dict) -> None:
     pids = values.get("pid")
     if pids and not re.fullmatch(r"[0-9]+(,[0-9]+)*", str(pids).replace(" ", "")):
         raise InputError(f"--pid: expected a comma list of process ids, got {pids!r}")
+    for name, most in (("window", 600), ("rate", 20)):
+        value = values.get(name)
+        if value is not None and not 1 <= int(value) <= most:
+            raise InputError(f"--{name}: expected a whole number from 1 to {most}, got {value}")
     pattern = values.get("match")
     if pattern:
         try:

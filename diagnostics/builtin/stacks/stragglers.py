@@ -1,0 +1,107 @@
+"""stacks --window: the straggler of a slow job, from every rank's share of samples spent waiting
+inside a collective (scripts/stacks.py samples them; wait_frames.json says which frames wait).
+
+In a job whose ranks meet in collectives every step, the ranks that are on time wait for the
+one that is late: their wait share is high, its own is low. A rank whose share is far below the
+median of its peers' is the straggler, named with where it spends the time the others wait:
+
+- at least ``MIN_RANKS`` ranks sampled ``MIN_SAMPLES`` times or more (fewer make no median);
+- its peers wait: their median share is at least ``PEERS_WAIT`` (a job whose ranks seldom wait
+  has no straggler to find this way, whatever the spread);
+- it waits far less: at most ``RATIO`` of that median, and ``GAP`` or more below it.
+Its score is the gap (0-1: the share of the window its peers spent waiting that it did not).
+A job whose every rank showed one and the same stack in every sample is hung, not slow: nobody
+is named here (the fold names the odd rank of a hung job). All ranks equal: each waits for whoever is last this step, the shares stay close, nobody is
+named (tests/integration/test_stragglers.py: 20 windows of an equal job).
+"""
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from ...core.results import Finding, Result
+from .fold import processes_of
+
+MIN_RANKS = 3
+MIN_SAMPLES = 5
+PEERS_WAIT = 0.3
+RATIO = 0.5
+GAP = 0.25
+HINT = ("the others wait for this rank every step: look at what it does instead (its busy frame: "
+        "data loading, a slower GPU or CPU, a noisy neighbour), then mldiag gpu-status / node-check "
+        "on its node")
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    target: str
+    pid: int
+    rank: Optional[int]
+    samples: int
+    wait_share: float
+    busy_frame: Optional[str]
+    distinct_stacks: int
+
+
+def windows(results: Sequence[Result]) -> List[RankWindow]:
+    """Every sampled process of every target (data.processes[].window), validated: a target's
+    data is its own word."""
+    out = []
+    for result, proc in processes_of(results):
+        w = proc.get("window")
+        if not isinstance(w, dict):
+            continue
+        samples, share = w.get("samples"), w.get("wait_share")
+        if not (_count(samples) and isinstance(share, (int, float)) and not isinstance(share, bool)
+                and 0.0 <= share <= 1.0):
+            continue
+        pid, rank, frame = proc.get("pid"), proc.get("rank"), w.get("busy_frame")
+        out.append(RankWindow(result.target, pid if _count(pid) else 0, rank if _count(rank, 0) else None,
+                              samples, float(share), frame[:300] if isinstance(frame, str) else None,
+                              w["distinct_stacks"] if _count(w.get("distinct_stacks")) else 0))
+    return out
+
+
+def _count(value: Any, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value < 10 ** 9
+
+
+def stragglers(ranks: Sequence[RankWindow]) -> List[Dict[str, Any]]:
+    """[{rank window, peers' median share, score}] of the ranks named, worst first. Pure."""
+    sampled = [r for r in ranks if r.samples >= MIN_SAMPLES]
+    if len(sampled) < MIN_RANKS or hung(sampled):
+        return []
+    named = []
+    for r in sampled:
+        peers = statistics.median(p.wait_share for p in sampled if p is not r)
+        if peers >= PEERS_WAIT and r.wait_share <= peers * RATIO and peers - r.wait_share >= GAP:
+            named.append({"rank": r, "peers": peers, "score": round(peers - r.wait_share, 3)})
+    return sorted(named, key=lambda n: -n["score"])
+
+
+def hung(ranks: Sequence[RankWindow]) -> bool:
+    """Every rank stood still: one stack in all of its samples."""
+    return bool(ranks) and all(r.distinct_stacks == 1 for r in ranks)
+
+
+def who(r: RankWindow) -> str:
+    return f"rank {r.rank if r.rank is not None else '?'} (pid {r.pid} on {r.target})"
+
+
+def amend(results: List[Result]) -> None:
+    """The straggler finding, on the target of each rank named (the table, --json and --save
+    all say it)."""
+    ranks = windows(results)
+    by_target = {r.target: r for r in results}
+    for n in stragglers(ranks):
+        r = n["rank"]
+        result = by_target.get(r.target)
+        if result is None:
+            continue
+        where = f"; its time goes to {r.busy_frame}" if r.busy_frame else ""
+        result.findings.append(Finding(
+            level="fail", code="straggler", action="none", hint=HINT,
+            message=(f"{who(r)} waited in collectives {100 * r.wait_share:.0f} % of {r.samples} samples, "
+                     f"its {len(ranks) - 1} peers {100 * n['peers']:.0f} % (median): the one they wait for, "
+                     f"score {n['score']:.2f}{where}")))
+        result.status = "fail" if result.status in ("ok", "warn") else result.status

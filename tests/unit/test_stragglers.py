@@ -1,0 +1,131 @@
+"""stacks --window: which samples wait in a collective (wait_frames.json, against real py-spy
+dumps of a gloo job), one process's window summed up, and the straggler named from every rank's
+wait share (pure); the sampling itself against a real process of this machine."""
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diagnostics.builtin.stacks import stragglers as st
+from diagnostics.core.results import Result
+from tests.programs import SCRIPTS, load_script
+
+stacks = load_script("stacks.py", "mldiag_test_stacks_window")
+FIXTURES = SCRIPTS.parents[1] / "tests" / "fixtures" / "stacks"
+RULES = stacks.load_wait_rules()
+
+
+def dump(rank):
+    return json.loads((FIXTURES / f"pyspy-gloo4-rank{rank}.json").read_text())
+
+
+def test_a_rank_in_all_reduce_waits_and_the_odd_one_does_not():
+    """The real dumps of the hung 4-rank gloo job: ranks 0-2 in all_reduce, rank 3 in its own
+    wait_for_data (which is not a collective)."""
+    for rank in (0, 1, 2):
+        waiting, where, _ = stacks.classify(dump(rank), RULES)
+        assert waiting and where.startswith("all_reduce (")
+    waiting, where, _ = stacks.classify(dump(3), RULES)
+    assert not waiting and where == "wait_for_data (/tmp/hung/train.py:10)"
+
+
+@pytest.mark.parametrize("frame,waits", [
+    ({"name": "_exception_logger.<locals>.wrapper", "filename": "/x/torch/distributed/c10d_logger.py", "line": 83}, True),
+    ({"name": "barrier", "filename": "/x/torch/distributed/distributed_c10d.py", "line": 1}, True),
+    ({"name": "wait_tensor", "filename": "/x/torch/distributed/_functional_collectives.py", "line": 1}, True),
+    ({"name": "step", "filename": "/job/train.py", "line": 9, "source": "work.wait()"}, True),
+    ({"name": "step", "filename": "/job/train.py", "line": 9, "source": "dist.all_reduce(grad)"}, True),
+    ({"name": "step", "filename": "/job/train.py", "line": 9, "source": "torch.cuda.synchronize()"}, True),
+    ({"name": "all_reduce", "filename": "/job/my_all_reduce.py", "line": 1}, False),      # not torch's
+    ({"name": "wait_for_data", "filename": "/job/train.py", "line": 10, "source": "q.get()"}, False),
+    ({"name": "forward", "filename": "/x/torch/nn/modules/linear.py", "line": 1}, False),
+])
+def test_the_wait_frames_are_data(frame, waits):
+    threads = [{"thread_name": "MainThread", "frames": [frame]}]
+    assert stacks.classify(threads, RULES)[0] is waits
+
+
+def test_a_window_summed_up():
+    a, b = ("all_reduce", "f", 1), ("work", "g", 2)
+    samples = [(True, "all_reduce (f:1)", (a,))] * 6 + [(False, "work (g:2)", (b,))] * 3 + [(False, "io (h:3)", (b, a))]
+    assert stacks.summarise_samples(samples) == {"samples": 10, "waiting": 6, "wait_share": 0.6,
+                                                 "busy_frame": "work (g:2)", "busy_share": 0.3,
+                                                 "distinct_stacks": 3}
+    assert stacks.summarise_samples([])["wait_share"] is None
+
+
+def test_sampling_a_real_process_over_a_window(tmp_path):
+    """A Python process of this machine that spends its time in one function: sampled at 10/s
+    for 1.5 s with the standard-library reader, never waiting, its busy frame named."""
+    script = tmp_path / "busy.py"
+    script.write_text("import time\n\ndef spin():\n    while True:\n        time.sleep(0.001)\n\nspin()\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.5)
+        found = [(proc.pid, "pid", {}, [])]
+        per_pid, rounds = stacks.sample_window(found, "/proc", None, 1.5, 10.0, RULES)
+    finally:
+        proc.kill()
+        proc.wait()
+    w = per_pid[proc.pid]
+    assert 8 <= rounds <= 22 and w["samples"] == rounds          # random intervals, 10 a second on average
+    assert w["waiting"] == 0 and w["busy_frame"].startswith("spin (") and w["busy_share"] >= 0.9
+
+
+# --------------------------------------------------------------------------- the judgement
+
+def result(target, *procs):
+    return Result(diagnostic="stacks", target=target, status="ok", summary="",
+                  data={"processes": [{"pid": 100 + rank, "rank": rank, "threads": [],
+                                       "window": {"samples": n, "wait_share": share, "busy_frame": frame,
+                                                  "distinct_stacks": distinct}}
+                                      for rank, n, share, frame, distinct in procs]})
+
+
+def test_the_rank_the_others_wait_for_is_named_with_its_score_and_frame():
+    results = [result("host", (0, 20, 0.75, "sleep", 3), (1, 20, 0.7, "sleep", 3)),
+               result("ct", (2, 20, 0.8, "sleep", 3), (3, 20, 0.05, "extra_work (job.py:18)", 4))]
+    st.amend(results)
+    assert [(r.target, r.status, [f.code for f in r.findings]) for r in results] == [
+        ("host", "ok", []), ("ct", "fail", ["straggler"])]
+    assert results[1].findings[0].message == (
+        "rank 3 (pid 103 on ct) waited in collectives 5 % of 20 samples, its 3 peers 75 % (median): "
+        "the one they wait for, score 0.70; its time goes to extra_work (job.py:18)")
+
+
+@pytest.mark.parametrize("procs,why", [
+    ([(0, 20, 0.1, "a", 3), (1, 20, 0.12, "a", 3), (2, 20, 0.0, "a", 3)], "the peers seldom wait"),
+    ([(0, 20, 0.7, "a", 3), (1, 20, 0.4, "a", 3)], "two ranks make no median"),
+    ([(0, 4, 0.7, "a", 3), (1, 4, 0.7, "a", 3), (2, 4, 0.0, "a", 3)], "too few samples"),
+    ([(0, 20, 1.0, "a", 1), (1, 20, 1.0, "a", 1), (2, 20, 0.0, "sigwait", 1)], "hung: every stack stood still"),
+    ([(0, 20, 0.6, "a", 3), (1, 20, 0.55, "a", 3), (2, 20, 0.35, "a", 3)], "not far enough below"),
+])
+def test_nobody_is_named(procs, why):
+    assert st.stragglers(st.windows([result("t", *procs)])) == [], why
+
+
+def test_an_equal_job_names_nobody_in_20_noisy_windows():
+    """Equal ranks: each waits for whoever is last this step. The lab's equal job waits little
+    (0-27 % per rank and window, tests/integration/test_stragglers.py); here a harder one, 8
+    ranks that all wait 20-60 % with the spread of short windows, in 20 seeded windows: nobody
+    is named."""
+    rng = random.Random(20261207)
+    for _ in range(20):
+        base = rng.uniform(0.2, 0.6)
+        procs = [(r, 20, min(1.0, max(0.0, base + rng.gauss(0, 0.06))), "a", 3) for r in range(8)]
+        assert st.stragglers(st.windows([result("t", *procs)])) == []
+
+
+def test_a_targets_window_is_validated():
+    bad = Result(diagnostic="stacks", target="x", status="ok", summary="", data={"processes": [
+        {"pid": 1, "rank": 0, "window": {"samples": 20, "wait_share": 1.5}},
+        {"pid": 2, "rank": True, "window": {"samples": "20", "wait_share": 0.5}},
+        {"pid": 3, "rank": 1, "window": ["x"]}, "junk",
+        {"pid": 4, "rank": 2, "window": {"samples": 20, "wait_share": 0.5, "busy_frame": "x" * 999,
+                                         "distinct_stacks": -1}}]})
+    (only,) = st.windows([bad])
+    assert (only.pid, only.rank, len(only.busy_frame), only.distinct_stacks) == (4, 2, 300, 0)
