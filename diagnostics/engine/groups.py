@@ -18,6 +18,7 @@ transport's rule, transport/slurm.py), and a group fails as a whole anyway (abov
 """
 
 import random
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -49,6 +50,24 @@ def member_job_of(job_for: Callable[[Target], Any]) -> MemberJob:
     return member_job
 
 
+@contextmanager
+def placed(targets: Sequence[Target], job_for, pool: Optional[SshPool] = None, keep_allocations=None):
+    """The targets where they will run, for a fan-out of groups: (members, the rows of those
+    that could not be placed), with ``pool`` (a new one, closed after, when None) and the
+    allocations made here released after (``runner.place``)."""
+    own_pool = pool is None
+    pool = pool or SshPool()
+    try:
+        where, release = runner.place(targets, job_for, pool, keep_allocations)
+        try:
+            yield [p for p in where if not isinstance(p, Result)], [p for p in where if isinstance(p, Result)]
+        finally:
+            release()
+    finally:
+        if own_pool:
+            pool.close()
+
+
 def in_groups(size: int) -> Callable[..., List[Result]]:
     """A ``run_many`` for a diagnostic that runs on groups (a team diagnostic's ``GROUP_SIZE``):
     the selected targets, placed (a Slurm target: its node rows), taken ``size`` at a time in
@@ -57,23 +76,12 @@ def in_groups(size: int) -> Callable[..., List[Result]]:
     def fan_out(targets: Sequence[Target], job_for, *, parallel: int = 32,
                 on_result: Optional[Callable[[Result], None]] = None, pool=None, keep_allocations=None,
                 **_ignored) -> List[Result]:
-        own_pool = pool is None
-        pool = pool or SshPool()
-        try:
-            placed, release = runner.place(targets, job_for, pool, keep_allocations)
-            try:
-                failed = [p for p in placed if isinstance(p, Result)]
-                members = [p for p in placed if not isinstance(p, Result)]
-                n = size or len(members) or 1
-                chunks = [members[i:i + n] for i in range(0, len(members), n)]
-                member_job = member_job_of(job_for)
-                with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), parallel // n or 1))) as ex:
-                    ran = [r for rs in ex.map(lambda chunk: run_group(chunk, member_job), chunks) for r in rs]
-            finally:
-                release()
-        finally:
-            if own_pool:
-                pool.close()
+        with placed(targets, job_for, pool, keep_allocations) as (members, failed):
+            n = size or len(members) or 1
+            chunks = [members[i:i + n] for i in range(0, len(members), n)]
+            member_job = member_job_of(job_for)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), parallel // n or 1))) as ex:
+                ran = [r for rs in ex.map(lambda chunk: run_group(chunk, member_job), chunks) for r in rs]
         results = failed + ran
         for r in results:
             if on_result is not None:

@@ -17,7 +17,6 @@ from ...core.outcome import Outcome
 from ...core.results import Finding, Result
 from ...engine import execute as engine, groups, jobs, runner
 from ...inventory.targets import Target
-from ...transport.ssh import SshPool
 
 HINTS = {
     "slow-node": "slow with every partner: check its NICs, PCIe and NVLinks (mldiag node-check), "
@@ -110,37 +109,21 @@ def _said(seen, figure, lead) -> str:
     return (f"{lead}: " if lead else "") + text + below
 
 
-def placed(targets: Sequence[Target], job_for, pool, keep_allocations):
-    """(the members: each target where it runs, a Slurm target's node rows; the rows of the
-    targets that could not be placed; the release of the allocations made)."""
-    where, release = runner.place(targets, job_for, pool, keep_allocations)
-    return [p for p in where if not isinstance(p, Result)], [p for p in where if isinstance(p, Result)], release
-
-
 def pairs_fan_out(pct: float) -> Callable[..., List[Result]]:
     """A ``run_many`` for execute(): the selected targets measured in pairs, two passes."""
     def fan_out(targets: Sequence[Target], job_for, *, parallel: int = 32,
                 on_result: Optional[Callable[[Result], None]] = None, pool=None, keep_allocations=None,
                 **_ignored) -> List[Result]:
-        own_pool = pool is None
-        pool = pool or SshPool()
-        try:
-            members, failed, release = placed(targets, job_for, pool, keep_allocations)
-            try:
-                names = [m.name for m, _ in members]
-                by_name = {m.name: (m, step) for m, step in members}
-                member_job = groups.member_job_of(job_for)
-                pass1 = measure(pairs.first_pass(names), by_name, member_job, parallel)
-                figure = pairs.threshold_of({p: v for p, (v, _) in pass1.items() if v is not None}, None, pct)
-                slow1 = {p: v is None or (figure is not None and v < figure) for p, (v, _) in pass1.items()}
-                pass2: Measured = {}
-                for round_ in pairs.second_pass(slow1):
-                    pass2.update(measure(round_, by_name, member_job, parallel))
-            finally:
-                release()
-        finally:
-            if own_pool:
-                pool.close()
+        with groups.placed(targets, job_for, pool, keep_allocations) as (members, failed):
+            names = [m.name for m, _ in members]
+            by_name = {m.name: (m, step) for m, step in members}
+            member_job = groups.member_job_of(job_for)
+            pass1 = measure(pairs.first_pass(names), by_name, member_job, parallel)
+            figure = pairs.threshold_of({p: v for p, (v, _) in pass1.items() if v is not None}, None, pct)
+            slow1 = {p: v is None or (figure is not None and v < figure) for p, (v, _) in pass1.items()}
+            pass2: Measured = {}
+            for round_ in pairs.second_pass(slow1):
+                pass2.update(measure(round_, by_name, member_job, parallel))
         results = failed + node_results(names, pass1, pass2, figure, pct)
         for r in results:
             if on_result is not None:
