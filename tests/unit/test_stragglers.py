@@ -103,9 +103,26 @@ def test_the_rank_the_others_wait_for_is_named_with_its_score_and_frame():
     ([(0, 4, 0.7, "a", 3), (1, 4, 0.7, "a", 3), (2, 4, 0.0, "a", 3)], "too few samples"),
     ([(0, 20, 1.0, "a", 1), (1, 20, 1.0, "a", 1), (2, 20, 0.0, "sigwait", 1)], "hung: every stack stood still"),
     ([(0, 20, 0.6, "a", 3), (1, 20, 0.55, "a", 3), (2, 20, 0.35, "a", 3)], "not far enough below"),
+    # CI, stop 38: an equal job's 1 s window at 10/s, host ranks 0-1, CT ranks 2-3
+    ([(0, 12, 0.0833, "a", 3), (1, 12, 0.0, "a", 3), (2, 10, 0.3, "a", 3), (3, 10, 0.3, "a", 3)],
+     "0 of 12 against peers at 30 %: the luck of a short window"),
 ])
 def test_nobody_is_named(procs, why):
     assert st.stragglers(st.windows([result("t", *procs)])) == [], why
+
+
+def test_the_same_shares_over_a_longer_window_name_the_rank():
+    """The shares of the window CI saw, over 40 samples instead of 12: 0 of 40 against peers at
+    30 % is no luck (0.7^40 = 6e-7)."""
+    procs = [(0, 40, 0.075, "a", 3), (1, 40, 0.0, "a", 3), (2, 40, 0.3, "a", 3), (3, 40, 0.3, "a", 3)]
+    (named,) = st.stragglers(st.windows([result("t", *procs)]))
+    assert (named["rank"].rank, named["score"]) == (1, 0.3)
+
+
+def test_the_chance_of_as_few_waiting_samples():
+    assert st.chance_of_as_few(12, 0, 0.3) == pytest.approx(0.7 ** 12)
+    assert st.chance_of_as_few(10, 2, 0.5) == pytest.approx((1 + 10 + 45) / 1024)
+    assert st.chance_of_as_few(5, 5, 0.9) == pytest.approx(1.0)
 
 
 def test_an_equal_job_names_nobody_in_20_noisy_windows():
