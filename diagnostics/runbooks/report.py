@@ -15,6 +15,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from ..builtin.gpu_status import view as gpu_view
+from ..builtin.stacks import stragglers
 from ..views import render
 from ..views.drift import drift, format_drift
 from ..core.results import Result, worst_status
@@ -177,7 +178,7 @@ def verdict(run) -> Optional[Dict[str, Any]]:
     for sr in run.steps:
         for r in sr.results:
             for f in r.findings:
-                if f.code == "straggler":
+                if f.code in stragglers.SLOW_CODES:
                     found["slow"].append((sr, r.target, f))
                 elif f.code in ("stacks-odd-one-out", "ras-rank-missing", "ras-process-missing",
                                 "ras-process-dead"):

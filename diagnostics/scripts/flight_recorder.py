@@ -45,6 +45,7 @@ import pickle
 import re
 import stat
 import sys
+import time
 
 ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_NAME = "comm_lib_trace_rank_"           # under $XDG_CACHE_HOME/torch or ~/.cache/torch
@@ -271,16 +272,17 @@ class _MemoryCap(object):
         return False
 
 
-def parse(data, max_memory=None):
-    """(dump, format, error): the pickle (globals refused) or JSON document in ``data``, parsed
-    with at most ``max_memory`` bytes more address space (None: MAX_PARSE_MEMORY)."""
+def parse(data, max_memory=None, json_only=False):
+    """(dump, format, error): the pickle (globals refused) or JSON document in ``data`` (only
+    JSON with ``json_only``: what a worker server answers), parsed with at most ``max_memory``
+    bytes more address space (None: MAX_PARSE_MEMORY)."""
     with _MemoryCap(MAX_PARSE_MEMORY if max_memory is None else max_memory):
-        return _parse(data)
+        return _parse(data, json_only)
 
 
-def _parse(data):
+def _parse(data, json_only=False):
     head = data[:64].lstrip()
-    if head[:1] == b"{":
+    if head[:1] == b"{" or json_only:
         try:
             return json.loads(data.decode("utf-8")), "json", None
         except (ValueError, RecursionError, MemoryError) as e:
@@ -525,6 +527,214 @@ def collect(prefixes=None, max_files=MAX_FILES, max_bytes=MAX_BYTES, max_entries
         used += size
         dumps.append(item)
     return {"prefixes": clean, "dumps": dumps, "more_files": max(0, len(found) - max(0, max_files))}
+
+
+# -- asking a live job: torch's worker server ----------------------------------------------------
+#
+# torch serves a rank's handlers over HTTP from a "worker server" in the rank's own process
+# (c10d's WorkerServer, threads named pt_workerserver): on a Unix socket, from
+# torch.distributed.elastic.control_plane.worker_main with $TORCH_WORKER_SERVER_SOCKET (torch
+# 2.4+), and on a TCP port bound to every address, from torch.distributed.debug.start_debug_server
+# (torch 2.10+, every rank; its rank-0 web front end is not needed here). ``POST
+# /handler/fr_trace_json`` answers the rank's flight recorder as the JSON dump above (torch
+# 2.13, gloo and NCCL alike; NCCL's older handler name, dump_nccl_trace_json, is tried next).
+# Nothing is started or changed in the job: the dump is taken under the recorder's lock by the
+# server's own thread while the job runs on.
+#
+# Safety: only a process with a pt_workerserver thread is asked; its Unix socket must be a
+# socket owned by the process's user or root, reached through /proc/PID/root (the rank's own
+# filesystem, also in a container); a TCP port must be one the process itself listens on, bound
+# to the wildcard address (gloo and NCCL bind their own to an interface's address), not the
+# store's MASTER_PORT, and in our network namespace; at most LIVE_PORTS ports are tried, each
+# with its deadline, and the answer is read up to max_bytes.
+
+WORKER_THREAD = "pt_workerserver"
+SOCKET_ENV = "TORCH_WORKER_SERVER_SOCKET"
+LIVE_HANDLERS = ("fr_trace_json", "dump_nccl_trace_json")
+LIVE_TIMEOUT = 5.0               # seconds for one rank's answer
+LIVE_PORTS = 4                   # wildcard-bound TCP ports of one process tried at most
+
+
+def has_worker_server(pid, proc="/proc"):
+    task = os.path.join(proc, str(pid), "task")
+    try:
+        tids = os.listdir(task)[:4096]
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(os.path.join(task, tid, "comm"), "rb") as f:
+                if f.read(64).strip() == WORKER_THREAD.encode():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _socket_inodes(pid, proc):
+    inodes = set()
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    try:
+        fds = os.listdir(fd_dir)[:65536]
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit():
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def wildcard_ports(pid, env, proc="/proc"):
+    """[(port, "tcp6" | "tcp")]: the TCP ports the process listens on at the wildcard address
+    (IPv6 ``::`` or IPv4 0.0.0.0), from its own /proc/PID/net/tcp6 and tcp, MASTER_PORT left out."""
+    mine = _socket_inodes(pid, proc)
+    master = (env or {}).get("MASTER_PORT", "")
+    ports = []
+    for name, wildcard in (("tcp6", "0" * 32), ("tcp", "0" * 8)):
+        try:
+            with open(os.path.join(proc, str(pid), "net", name)) as f:
+                lines = f.read(4 << 20).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != "0A" or cols[9] not in mine:
+                continue
+            address, _, port = cols[1].partition(":")
+            try:
+                port = int(port, 16)
+            except ValueError:
+                continue
+            if address == wildcard and str(port) != master and (port, name) not in ports:
+                ports.append((port, name))
+    return ports
+
+
+def _same_netns(pid, proc):
+    try:
+        return os.readlink(os.path.join(proc, str(pid), "ns", "net")) == os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
+def _unix_socket(pid, path, proc):
+    """(path to connect to, error): the rank's socket seen through its own root."""
+    if not path.startswith("/") or len(path) > 200:
+        return None, "%s is not an absolute path" % SOCKET_ENV
+    full = os.path.join(proc, str(pid), "root") + path
+    try:
+        st = os.lstat(full)
+        owner = os.stat(os.path.join(proc, str(pid))).st_uid
+    except OSError as e:
+        return None, "%s: %s" % (path, e.strerror or e)
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+        return None, "%s: %s, not a socket: refused" % (path, kind)
+    if st.st_uid not in (owner, 0):
+        return None, "%s: owned by uid %d, not the job's: refused" % (path, st.st_uid)
+    return full, None
+
+
+def _post(connect, handler, deadline, max_bytes):
+    """(status, body, error) of ``POST /handler/<handler>`` over a fresh connection."""
+    import socket
+    sock = None
+    try:
+        family, address = connect
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        sock.connect(address)
+        sock.sendall(("POST /handler/%s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
+                      "Connection: close\r\n\r\n" % handler).encode("ascii"))
+        data, limit = b"", max_bytes + 65536
+        while len(data) <= limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, None, "no whole answer in the time allowed"
+            sock.settimeout(left)
+            chunk = sock.recv(min(1 << 20, limit + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = re.search(br"(?im)^content-length:\s*(\d{1,12})\s*$", head) if sep else None
+            if length and len(body) >= int(length.group(1)):
+                data = head + sep + body[:int(length.group(1))]
+                break
+        if len(data) > limit:
+            return None, None, "an answer over the %d-byte limit: not read" % max_bytes
+    except socket.timeout:
+        return None, None, "no whole answer in the time allowed"
+    except (OSError, ValueError) as e:
+        return None, None, "%s" % (getattr(e, "strerror", None) or e or type(e).__name__)
+    finally:
+        if sock is not None:
+            sock.close()
+    head, sep, body = data.partition(b"\r\n\r\n")
+    status = re.match(br"HTTP/1\.[01] (\d{3})", head)
+    if not sep or not status:
+        return None, None, "not an HTTP answer"
+    if re.search(br"(?im)^transfer-encoding:\s*chunked", head):
+        return int(status.group(1)), None, "a chunked answer (not read)"
+    return int(status.group(1)), body, None
+
+
+def live_dump(pid, env, rank=None, proc="/proc", timeout=LIVE_TIMEOUT, max_bytes=MAX_BYTES,
+              max_entries=MAX_ENTRIES, max_frames=MAX_FRAMES, max_memory=None):
+    """The flight recorder of a live rank, asked of its torch worker server: a dump dict as
+    ``read_dump`` makes (``"file"`` says where it came from, ``"live": true``), or None when the
+    process has no worker server. Never raises for what the process or its server does."""
+    if not has_worker_server(pid, proc):
+        return None
+    import socket
+    deadline = time.monotonic() + timeout
+    env = env or {}
+    item = {"file": None, "rank": rank, "live": True}
+    path = env.get(SOCKET_ENV)
+    tried = []
+    if path:
+        full, error = _unix_socket(pid, path, proc)
+        if error:
+            item.update(file="pid %d: %s" % (pid, _text(path, MAX_PATH)), error=error)
+            return item
+        tried.append(("unix socket %s" % path, (socket.AF_UNIX, full)))
+    elif _same_netns(pid, proc):
+        for port, kind in wildcard_ports(pid, env, proc)[:LIVE_PORTS]:
+            tried.append(("port %d" % port, (socket.AF_INET6, ("::1", port, 0, 0)) if kind == "tcp6"
+                          else (socket.AF_INET, ("127.0.0.1", port))))
+    else:
+        item.update(file="pid %d" % pid, error="its worker server is in another network namespace: "
+                                               "add its container as a target")
+        return item
+    errors = []
+    for where, connect in tried:
+        for handler in LIVE_HANDLERS:
+            status, body, error = _post(connect, handler, deadline, max_bytes)
+            if status == 404:
+                continue
+            item["file"] = _text("pid %d: worker server, %s, /handler/%s" % (pid, where, handler), MAX_PATH)
+            if error is None and status != 200:
+                error = "HTTP %d" % status
+            if error is None:
+                item["mtime"], item["size"] = time.time(), len(body)
+                dump, item["format"], error = parse(body, max_memory, json_only=True)
+                del body
+                if error is None:
+                    summary, error = summarize(dump, max_entries, max_frames)
+                    if error is None:
+                        item.update(summary)
+                        return item
+            errors.append("%s: %s" % (where, error))
+            break
+        else:
+            errors.append("%s: no flight-recorder handler (HTTP 404)" % where)
+    item["file"] = item["file"] or "pid %d: worker server" % pid
+    item["error"] = _text("; ".join(errors) or "no socket of its worker server found", 600)
+    return item
 
 
 def build_parser():

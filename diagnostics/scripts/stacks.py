@@ -27,8 +27,11 @@ read as well.
 
 Result data: ``processes``: [{pid, ns_pid, rank, local_rank, world_size, group_rank, run_id,
 cmdline, found_by, collector, threads | error, seconds}]; ``collector``; ``py_spy``; ``left_out``
-(counts); ``machine``; ``flight_recorder``. The client folds the main-thread stacks across
-targets and names the odd rank (diagnostics/builtin/stacks/fold.py).
+(counts); ``machine``; ``flight_recorder``; with ``--window``: ``window``, each process's
+``window`` (its samples) and ``gpu_window`` (every GPU's utilisation and power over the window,
+from ``nvidia-smi`` about once a second: ``GpuSampler``). The client folds the main-thread
+stacks across targets and names the odd rank (diagnostics/builtin/stacks/fold.py), and over a
+window the straggler rank and node (diagnostics/builtin/stacks/stragglers.py).
 """
 
 import json
@@ -46,7 +49,8 @@ import _remote
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
              "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOB_ID",
-             "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "HOME", "XDG_CACHE_HOME")
+             "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "HOME", "XDG_CACHE_HOME",
+             "TORCH_WORKER_SERVER_SOCKET")
 MAX_ENVIRON = 256 * 1024          # bytes of /proc/PID/environ read
 MAX_PROCESSES = 512               # processes dumped at most
 MAX_DUMP = 4 * 1024 * 1024        # bytes of one py-spy answer
@@ -364,14 +368,23 @@ def read_all(found, proc, py_spy, native):
 
 
 def flight_recorder(proc, found):
-    """The flight-recorder dumps the job's processes name (their TORCH_FR_DUMP_TEMP_FILE, or
-    torch's default for their HOME), or, with no process found, the ones our own environment
-    names; None when there are none (or flight_recorder.py is not beside this script)."""
+    """The flight recorders of the job's processes: asked of each live rank's torch worker
+    server where it runs one (flight_recorder.live_dump: no file, the state now), and the
+    dumps the processes name (their TORCH_FR_DUMP_TEMP_FILE, or torch's default for their
+    HOME), or, with no process found, the ones our own environment names; None when there are
+    none (or flight_recorder.py is not beside this script)."""
     fr = companion("flight_recorder")
     if fr is None:
         return None
-    prefixes = []
+    prefixes, live = [], []
     for pid, _, env, _ in found:
+        try:
+            asked = fr.live_dump(pid, env, _int(env.get("RANK")), proc=proc)
+        except Exception as e:        # never costs the stacks
+            asked = {"file": "pid %d: worker server" % pid, "rank": None, "live": True,
+                     "error": ("%s" % e)[:300]}
+        if asked is not None:
+            live.append(asked)
         try:
             cwd = os.readlink(os.path.join(proc, str(pid), "cwd"))
         except OSError:
@@ -382,7 +395,8 @@ def flight_recorder(proc, found):
     try:
         collected = fr.collect(prefixes or None)
     except Exception as e:            # never costs the stacks
-        return {"error": ("%s" % e)[:300]}
+        return {"error": ("%s" % e)[:300], "dumps": live} if live else {"error": ("%s" % e)[:300]}
+    collected["dumps"] = live + collected.get("dumps", [])
     return collected if collected.get("dumps") or collected.get("more_files") else None
 
 
@@ -411,7 +425,11 @@ def run(args, proc="/proc"):
                              "message": "wait_frames.json unreadable: %s" % e})
         if rules is not None:
             t0 = time.monotonic()
-            per_pid, rounds = sample_window(found, proc, py_spy, window, rate, rules)
+            gpus = GpuSampler(_remote.find_tool("nvidia-smi", NVIDIA_TOOL_DIRS))
+            try:
+                per_pid, rounds = sample_window(found, proc, py_spy, window, rate, rules, also=gpus.tick)
+            finally:
+                data["gpu_window"] = gpus.finish()
             data["window"] = {"seconds": round(time.monotonic() - t0, 3), "asked": window, "rate": rate,
                               "rounds": rounds}
     processes, spy_failed = read_all(found, proc, py_spy, native)
@@ -537,11 +555,12 @@ def summarise_samples(samples):
             "distinct_stacks": len(set(sig for _, _, sig in samples))}
 
 
-def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic, sleep=time.sleep):
+def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic, sleep=time.sleep,
+                  also=None):
     """Each found process's main thread sampled ``rate`` times a second on average, at random
     intervals, for ``window`` seconds (the standard-library reader where it can read them: no
     process started, none paused; else py-spy ``--nonblocking``): {pid: summarise_samples(...)},
-    and the rounds made."""
+    and the rounds made. ``also()`` is called every round (the GPU sampler's turn)."""
     period = 1.0 / rate
     start = clock()
     samples = dict((pid, []) for pid, _, _, _ in found)
@@ -571,6 +590,8 @@ def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic
                 add_source(proc, pid, threads, caches[pid])
                 samples[pid].append(classify(threads, rules))
         rounds += 1
+        if also is not None:
+            also()
         # NOTE: a random interval (mean: the period), not a fixed one: a job steps at a steady
         # rate, and samples at a rate near it would see every rank at the same point of each step
         # (measured on the lab's slow job, 5 steps and 5 samples a second: the ranks that wait 80 %
@@ -579,6 +600,98 @@ def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic
         if left > 0:
             sleep(left)
     return dict((pid, summarise_samples(got)) for pid, got in samples.items()), rounds
+
+
+# Where drivers put nvidia-smi when PATH (sudo's secure_path, a container's) lacks it.
+NVIDIA_TOOL_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib")
+GPU_FIELDS = "index,uuid,utilization.gpu,power.draw,power.limit"
+GPU_PERIOD = 1.0                  # seconds between two nvidia-smi queries in a window
+GPU_HUNG_AFTER = 5.0              # a query still running after this is hung: no more are started
+
+
+class GpuSampler(object):
+    """Every GPU's utilisation and power over a window (the "waiting in a collective" signature:
+    busy GPUs that draw little power), from ``nvidia-smi --query-gpu`` about once a second.
+    Each query is a child that is never waited for: ``tick()`` collects the one that ended and
+    starts the next, so the stack samples go on whatever nvidia-smi does; one that has not
+    answered after ``GPU_HUNG_AFTER`` is killed and no more are started (a wedged driver is
+    gpu-status's finding; here the window just has no GPU figures)."""
+
+    def __init__(self, smi, period=GPU_PERIOD, hung_after=GPU_HUNG_AFTER, clock=time.monotonic):
+        self.smi, self.period, self.hung_after, self.clock = smi, period, hung_after, clock
+        self.child, self.started, self.next = None, 0.0, 0.0
+        self.rows, self.queries, self.error = {}, 0, None if smi else "nvidia-smi not found"
+
+    def tick(self):
+        now = self.clock()
+        if self.child is not None:
+            if self.child.poll() is None:
+                if now - self.started > self.hung_after:
+                    _remote.kill_child(self.child)
+                    self.child, self.smi = None, None
+                    self.error = "nvidia-smi did not answer in %g s: no more GPU samples" % self.hung_after
+                return
+            self._collect()
+        if self.smi and now >= self.next:
+            try:
+                self.child = subprocess.Popen([self.smi, "--query-gpu=" + GPU_FIELDS,
+                                               "--format=csv,noheader,nounits"],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as e:
+                self.smi, self.error = None, "nvidia-smi: %s" % e
+                return
+            self.started, self.next = now, now + self.period
+
+    def _collect(self):
+        child, self.child = self.child, None
+        out = child.stdout.read(1 << 20)        # it has ended: its few lines are in the pipe
+        err = child.stderr.read(4096)
+        _remote.kill_child(child)
+        if child.returncode != 0:
+            self.error = "nvidia-smi exited %s: %s" % (
+                child.returncode, (out or err).decode("utf-8", "replace").strip()[:300])
+            return
+        self.queries += 1
+        for line in out.decode("utf-8", "replace").splitlines():
+            row = parse_gpu_row(line)
+            if row is not None:
+                self.rows.setdefault((row[0], row[1]), []).append(row[2:])
+
+    def finish(self):
+        """{tool, queries, gpus: [{index, uuid, samples, util_pct, power_w, power_limit_w}], error}:
+        the means over the window."""
+        if self.child is not None:
+            if self.child.poll() is not None:
+                self._collect()
+            else:
+                _remote.kill_child(self.child)
+                self.child = None
+        gpus = []
+        for (index, uuid), got in sorted(self.rows.items()):
+            def mean(i):
+                values = [g[i] for g in got if g[i] is not None]
+                return round(sum(values) / len(values), 2) if values else None
+            gpus.append({"index": index, "uuid": uuid, "samples": len(got), "util_pct": mean(0),
+                         "power_w": mean(1), "power_limit_w": mean(2)})
+        return {"tool": self.smi, "queries": self.queries, "gpus": gpus, "error": self.error}
+
+
+def parse_gpu_row(line):
+    """``0, GPU-8e..., 100, 142.31, 700.00`` (GPU_FIELDS, csv,noheader,nounits) ->
+    (index, uuid, util, power, limit); ``[N/A]``/``[Not Supported]`` cells are None; a line
+    that is not such a row (a warning, a lost GPU's message) is None."""
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) != 5 or not cells[0].isdigit():
+        return None
+
+    def number(text):
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        return value if 0.0 <= value < 1e6 else None
+    return (int(cells[0]), cells[1][:80], number(cells[2]), number(cells[3]), number(cells[4]))
 
 
 def _left_out_text(left_out):

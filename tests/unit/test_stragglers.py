@@ -146,3 +146,120 @@ def test_a_targets_window_is_validated():
                                          "distinct_stacks": -1}}]})
     (only,) = st.windows([bad])
     assert (only.pid, only.rank, len(only.busy_frame), only.distinct_stacks) == (4, 2, 300, 0)
+
+
+# --------------------------------------------------------------------------- the node, from its GPUs
+
+FAKE_SMI = SCRIPTS.parents[1] / "tests" / "fakes" / "nvidia-smi"
+
+
+def sample_gpus(seconds, **kw):
+    sampler = stacks.GpuSampler(str(FAKE_SMI), **kw)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sampler.tick()
+        time.sleep(0.05)
+    return sampler.finish()
+
+
+def test_the_gpus_are_sampled_over_the_window_by_the_real_fake_nvidia_smi(monkeypatch):
+    """The fake nvidia-smi (real captures; derived__h200x8__spin-in-collective) queried about
+    every 0.4 s for 1.5 s, each query a child never waited for: every GPU's means."""
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI", "derived__h200x8__spin-in-collective")
+    got = sample_gpus(1.5, period=0.4)
+    assert got["error"] is None and 2 <= got["queries"] <= 5, got
+    assert [g["index"] for g in got["gpus"]] == list(range(8))
+    assert {(g["util_pct"], g["power_w"], g["power_limit_w"], g["samples"] == got["queries"])
+            for g in got["gpus"]} == {(100.0, 131.05, 700.0, True)}
+    assert got["gpus"][3]["uuid"] == "GPU-5a1e0003-0000-0000-0000-000000000003"
+
+
+def test_a_hung_nvidia_smi_ends_the_gpu_samples_not_the_window(monkeypatch):
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI_HANG", "60")
+    t0 = time.monotonic()
+    got = sample_gpus(1.2, period=0.2, hung_after=0.5)
+    assert time.monotonic() - t0 < 3
+    assert got["gpus"] == [] and got["error"] == "nvidia-smi did not answer in 0.5 s: no more GPU samples", got
+    assert not subprocess.run(["pgrep", "-f", str(FAKE_SMI)], capture_output=True).stdout
+
+
+def test_a_failing_and_a_missing_nvidia_smi_are_said(monkeypatch):
+    monkeypatch.setenv("MLDIAG_FAKE_NVIDIA_SMI_EXIT", "9")
+    got = sample_gpus(1.0, period=5.0)
+    assert got["gpus"] == [] and got["queries"] == 0, got
+    assert got["error"].startswith("nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate "
+                                   "with the NVIDIA driver"), got
+    assert stacks.GpuSampler(None).finish() == {"tool": None, "queries": 0, "gpus": [],
+                                                 "error": "nvidia-smi not found"}
+
+
+@pytest.mark.parametrize("line,row", [
+    ("0, GPU-ab, 100, 131.05, 700.00", (0, "GPU-ab", 100.0, 131.05, 700.0)),
+    ("7, GPU-ab, [N/A], [Not Supported], 700.00", (7, "GPU-ab", None, None, 700.0)),
+    ("Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error", None),
+    ("WARNING: infoROM is corrupted at gpu 0000:01:00.0", None),
+    ("0, GPU-ab, -5, 1e9, 700", (0, "GPU-ab", None, None, 700.0)),
+])
+def test_a_gpu_row_parsed(line, row):
+    assert stacks.parse_gpu_row(line) == row
+
+
+def node(target, util, power, limit=700.0, n=8, samples=5, uuid=None):
+    return Result(diagnostic="stacks", target=target, status="ok", summary="", data={
+        "processes": [], "gpu_window": {"tool": "nvidia-smi", "queries": samples, "error": None, "gpus": [
+            {"index": i, "uuid": f"GPU-{uuid or target}-{i}", "samples": samples, "util_pct": util,
+             "power_w": power, "power_limit_w": limit} for i in range(n)]}})
+
+
+def test_the_node_whose_gpus_compute_while_the_others_spin_is_named():
+    results = [node("a", 100, 131), node("b", 99, 140), node("c", 100, 627.4), node("d", 100, 128)]
+    st.amend(results)
+    assert [(r.target, r.status, [f.code for f in r.findings]) for r in results] == [
+        ("a", "ok", []), ("b", "ok", []), ("c", "fail", ["straggler-node"]), ("d", "ok", [])]
+    assert results[2].findings[0].message == (
+        "c's 8 GPUs compute: util 100 %, power 90 % of limit (median GPU over the window), while the GPUs "
+        "of the other 3 nodes spin in a collective (util ≥ 90 %, power ≤ 50 % of limit): the node they wait for")
+
+
+def test_the_node_whose_gpus_starve_is_named():
+    (odd,) = [st.odd_gpu_node(st.gpu_nodes([node("a", 100, 131), node("b", 12, 90)]))]
+    assert (odd["node"].target, odd["how"], [n.target for n in odd["spinning"]]) == ("b", "starve", ["a"])
+
+
+@pytest.mark.parametrize("nodes,why", [
+    ([node("a", 100, 131), node("b", 100, 130), node("c", 100, 140)], "all spin: a hang or a collective-bound job"),
+    ([node("a", 100, 600), node("b", 100, 620), node("c", 100, 627)], "all compute: nothing waits"),
+    ([node("a", 100, 131), node("b", 100, 630), node("c", 100, 620)], "two nodes differ"),
+    ([node("a", 100, 131), node("b", 85, 400)], "between spinning and computing: unclear"),
+    ([node("a", 100, 131), node("b", 100, 627, uuid="a")], "the same GPUs seen from two targets"),
+    ([node("a", 100, 131, samples=1), node("b", 100, 627)], "one query is no window"),
+    ([node("a", 100, 131)], "one node"),
+])
+def test_no_node_is_named(nodes, why):
+    assert st.odd_gpu_node(st.gpu_nodes(nodes)) is None, why
+
+
+def test_a_hung_job_is_not_made_slow_by_its_gpus():
+    """Every rank's stack stood still: the stacks say hung, so the idle GPUs of the odd rank's
+    node are not a slow job's straggler node."""
+    results = [node("a", 100, 131), node("b", 100, 130), node("c", 5, 80)]
+    for i, r in enumerate(results):
+        r.data["processes"] = [{"pid": 10 + i, "rank": i, "window": {"samples": 20, "wait_share": 1.0 if i < 2 else 0.0,
+                                                                      "busy_frame": "x", "distinct_stacks": 1}}]
+    st.amend(results)
+    assert [f.code for r in results for f in r.findings] == []
+    for r in results:
+        r.data["processes"][0]["window"]["distinct_stacks"] = 3
+    st.amend(results)
+    assert [(r.target, f.code) for r in results for f in r.findings] == [("c", "straggler-node"), ("c", "straggler")]
+
+
+def test_a_targets_gpu_window_is_validated():
+    bad = node("x", 100, 131)
+    bad.data["gpu_window"]["gpus"] += [{"samples": 5, "util_pct": 150, "power_w": 1, "power_limit_w": 700},
+                                       {"samples": 5, "util_pct": 50, "power_w": 1, "power_limit_w": 0},
+                                       {"samples": True, "util_pct": 50, "power_w": 1, "power_limit_w": 700},
+                                       "junk", {"samples": 5, "util_pct": "50", "power_w": 1, "power_limit_w": 7}]
+    (n,) = st.gpu_nodes([bad, node("y", 1, 1, n=0), Result(diagnostic="stacks", target="z", status="ok",
+                                                             summary="", data={"gpu_window": ["x"]})])
+    assert (n.target, n.gpus, n.util_pct, round(n.power_share, 3)) == ("x", 8, 100.0, 0.187)

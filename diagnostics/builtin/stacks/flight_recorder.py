@@ -1,6 +1,7 @@
 """stacks' reading of PyTorch flight-recorder dumps on the client: the
-per-rank summaries scripts/flight_recorder.py brought back from every target, merged by rank,
-judged per process group.
+per-rank summaries scripts/flight_recorder.py brought back from every target -- the dump files
+the job wrote, and the recorders asked of running ranks through torch's worker server (``live``:
+the state now, newest by construction) -- merged by rank, judged per process group.
 
     flight recorder: 4 dumps, ranks 0-3 on trainbox, format 2.10
       pg 0 (default_pg): ranks 0-2 at #2 all_reduce; rank 3 at #1 all_reduce   ← diverge at #2
@@ -68,6 +69,7 @@ class RankDump:
     version: Optional[str]
     groups: Dict[str, Status]                               # by group key (its name)
     config: Dict[str, Tuple[Optional[str], Optional[FrozenSet[int]]]]   # key -> (desc, ranks)
+    live: bool = False                                      # asked of the running rank, no file
 
 
 @dataclass
@@ -200,7 +202,7 @@ def _dump(target: str, raw: Any, ranks: _Ranks) -> Tuple[Optional[RankDump], Opt
         if isinstance(key, str) and isinstance(item, dict):
             cfg[_text(key, 80) or ""] = (_text(item.get("desc"), 60), ranks(item.get("ranks")))
     return RankDump(target, rank, name, _float(raw.get("mtime")), _text(raw.get("version"), 20),
-                    groups, cfg), None
+                    groups, cfg, raw.get("live") is True), None
 
 
 def merge(per_target: Any) -> Tuple[Dict[int, RankDump], List[str], List[str]]:
@@ -399,7 +401,10 @@ def _analyse(per_target, world_size):
                                     f"({len(dumps)} of {len(expected)} ranks dumped; members from {source})",
                          "hint": "a rank dumps on its own timeout (NCCL: TORCH_NCCL_DUMP_ON_TIMEOUT); "
                                  "one that died, hung elsewhere or runs on a target not asked has "
-                                 "none: look at its stack, and at TORCH_FR_DUMP_TEMP_FILE on its node"})
+                                 "none: look at its stack, and at TORCH_FR_DUMP_TEMP_FILE on its node; "
+                                 "a job that runs torch's worker server is asked for every rank's, "
+                                 "live (worker_main with TORCH_WORKER_SERVER_SOCKET, or "
+                                 "torch.distributed.debug.start_debug_server)"})
     if duplicates:
         findings.append({"level": "warn", "code": "fr-duplicate-rank", "action": "none",
                          "message": f"flight recorder: {len(duplicates)} ranks dumped more than once "
@@ -445,7 +450,9 @@ def _lines(dumps, groups, missing, errors) -> List[str]:
     versions = sorted({d.version for d in dumps.values() if d.version})
     targets = list(dict.fromkeys(d.target for d in dumps.values()))
     where = " on " + ",".join(targets[:4]) + (f",… {len(targets) - 4} more" if len(targets) > 4 else "")
+    live = sum(1 for d in dumps.values() if d.live)
     out = [f"flight recorder: {len(dumps)} dumps"
+           + (f" ({live} asked of the running ranks)" if live else "")
            + (f", {_ranks_word(dumps)}{where}" if dumps else "")
            + (f", format {','.join(versions[:3])}" if versions else "")]
     diverged = {d.group: d for d in found}

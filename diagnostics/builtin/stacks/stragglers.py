@@ -34,9 +34,17 @@ PEERS_WAIT = 0.3
 RATIO = 0.5
 GAP = 0.25
 ALPHA = 0.001
+SPIN_UTIL = 90.0
+SPIN_POWER = 0.5
+WORK_POWER = 0.65
+IDLE_UTIL = 70.0
+GPU_MIN_SAMPLES = 2
+SLOW_CODES = ("straggler", "straggler-node")      # the findings that make a job slow, not hung
 HINT = ("the others wait for this rank every step: look at what it does instead (its busy frame: "
         "data loading, a slower GPU or CPU, a noisy neighbour), then mldiag gpu-status / node-check "
         "on its node")
+HINT_NODE = ("the other nodes' GPUs wait for this one's: gpu-perf and node-check on it (a throttling or "
+             "slower GPU computes longer), or its data loading when its GPUs starve")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,67 @@ def stragglers(ranks: Sequence[RankWindow]) -> List[Dict[str, Any]]:
     return sorted(named, key=lambda n: -n["score"])
 
 
+@dataclass(frozen=True)
+class NodeGpus:
+    target: str
+    gpus: int
+    util_pct: float                   # the median GPU's mean over the window
+    power_share: float                # the median GPU's mean draw over its limit
+    uuids: frozenset
+
+
+def gpu_nodes(results: Sequence[Result]) -> List[NodeGpus]:
+    """Each target's GPUs over the window (data.gpu_window), validated: a target's data is its
+    own word. GPUs with fewer than GPU_MIN_SAMPLES queries or a figure missing are left out."""
+    out = []
+    for result in results:
+        gw = result.data.get("gpu_window") if isinstance(result.data, dict) else None
+        gpus = gw.get("gpus") if isinstance(gw, dict) else None
+        if not isinstance(gpus, list):
+            continue
+        util, share, uuids = [], [], set()
+        for g in gpus[:1024]:
+            if not isinstance(g, dict) or not _count(g.get("samples"), GPU_MIN_SAMPLES):
+                continue
+            u, p, limit = g.get("util_pct"), g.get("power_w"), g.get("power_limit_w")
+            if not (_number(u, 0, 100) and _number(p, 0, 1e5) and _number(limit, 1, 1e5)):
+                continue
+            util.append(float(u))
+            share.append(float(p) / float(limit))
+            if isinstance(g.get("uuid"), str):
+                uuids.add(g["uuid"][:80])
+        if util:
+            out.append(NodeGpus(result.target, len(util), statistics.median(util),
+                                statistics.median(share), frozenset(uuids)))
+    return out
+
+
+def _number(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def spinning(n: NodeGpus) -> bool:
+    return n.util_pct >= SPIN_UTIL and n.power_share <= SPIN_POWER
+
+
+def odd_gpu_node(nodes: Sequence[NodeGpus]) -> Optional[Dict[str, Any]]:
+    """{node, how ("compute" | "starve"), spinning: [nodes]} for the one node whose GPUs clearly
+    do not spin while every other node's do, else None. Pure."""
+    seen, distinct = set(), []
+    for n in nodes:
+        if n.uuids and n.uuids in seen:
+            continue
+        seen.add(n.uuids)
+        distinct.append(n)
+    spin = [n for n in distinct if spinning(n)]
+    others = [n for n in distinct if not spinning(n)]
+    if not spin or len(others) != 1:
+        return None
+    odd = others[0]
+    how = "compute" if odd.power_share >= WORK_POWER else "starve" if odd.util_pct < IDLE_UTIL else None
+    return {"node": odd, "how": how, "spinning": spin} if how else None
+
+
 def chance_of_as_few(samples: int, waiting: int, share: float) -> float:
     """P(at most `waiting` of `samples` wait) for a rank that waits `share` of the time, as its
     peers do (binomial tail). Pure."""
@@ -107,6 +176,19 @@ def amend(results: List[Result]) -> None:
     all say it)."""
     ranks = windows(results)
     by_target = {r.target: r for r in results}
+    odd = None if hung([r for r in ranks if r.samples >= MIN_SAMPLES]) else odd_gpu_node(gpu_nodes(results))
+    if odd is not None:
+        n, k = odd["node"], len(odd["spinning"])
+        doing = ("compute" if odd["how"] == "compute" else
+                 "starve (they wait for their own host: data loading, CPU, storage)")
+        result = by_target[n.target]
+        result.findings.append(Finding(
+            level="fail", code="straggler-node", action="none", hint=HINT_NODE,
+            message=(f"{n.target}'s {n.gpus} GPUs {doing}: util {n.util_pct:.0f} %, power "
+                     f"{100 * n.power_share:.0f} % of limit (median GPU over the window), while the GPUs "
+                     f"of {'the other node' if k == 1 else f'the other {k} nodes'} spin in a collective (util ≥ "
+                     f"{SPIN_UTIL:.0f} %, power ≤ {100 * SPIN_POWER:.0f} % of limit): the node they wait for")))
+        result.status = "fail" if result.status in ("ok", "warn") else result.status
     for n in stragglers(ranks):
         r = n["rank"]
         result = by_target.get(r.target)
