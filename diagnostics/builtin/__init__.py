@@ -106,6 +106,11 @@ def _stacks_judge(values: Values) -> Callable[[List[Any]], None]:
     return stacks_run.amend
 
 
+def _step_times_judge(values: Values) -> Callable[[List[Any]], None]:
+    from . import step_times
+    return step_times.amend
+
+
 def _stacks_timeout(values: Values) -> Optional[float]:
     """A window of samples takes its length, and a minute for the rest (finding the ranks,
     the last dumps)."""
@@ -339,7 +344,8 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
              metavar="FORMAT"),
          Arg("last", "each rank's last N steps (default 200)", kind="int"),
          Arg("window", "the recent steps scored against the peers and the rank's own history "
-                       "(default 10)", kind="int"))),
+                       "(default 10)", kind="int")),
+        judge=_step_times_judge),
     DiagnosticSpec(
         "stacks", "Where every rank of a hung job is: each process's Python stack, folded, the odd "
                   "one named.",

@@ -52,7 +52,11 @@ check that rank's node with node-check / gpu-perf before draining it); ``slowed`
 ``monitor`` (one finding naming every such rank: all ranks slowed together is the job or the
 fabric, not one node); ``no-steps`` warn, ``none`` (a log without step lines, or none that
 could be read: the wrong ``--format``, a log that only rank 0 writes); ``mixed-units`` warn
-(ranks whose logs give different measures are not compared); ``too-few-ranks`` info.
+(ranks whose logs give different measures are not compared); ``too-few-ranks`` info;
+``not-here`` info (with ``--log-pattern``, ranks whose log does not exist on this target while
+others' do: on a job whose nodes each write their own ranks' logs, the same pattern is given to
+every node, and the client compares the ranks across all of them:
+diagnostics/builtin/step_times.py).
 
 In synchronous data parallel training every rank waits for the slowest at each collective,
 so the step times they log converge: a straggler then shows as the whole job slowing (each
@@ -65,6 +69,7 @@ Standard library only; Python 3.8+; runs standalone: ``python3 step_times.py --l
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -431,7 +436,9 @@ def run(args):
     last = getattr(args, "last", DEFAULT_LAST)
     window = getattr(args, "window", DEFAULT_WINDOW)
     max_bytes = getattr(args, "max_bytes", DEFAULT_MAX_BYTES)
+    pattern_given = getattr(args, "log_pattern", None)
     findings, logs, per_rank, units = [], {}, {}, {}
+    absent = []
     for label, path in targets:
         info = {"path": path}
         logs[label] = info
@@ -439,6 +446,9 @@ def run(args):
             text = read_tail(path, max_bytes)
         except OSError as e:
             info["error"] = e.strerror or type(e).__name__
+            if pattern_given and e.errno == errno.ENOENT:
+                absent.append((label, path))      # another node's rank, maybe: said once below
+                continue
             findings.append({"level": "warn", "code": "no-steps", "action": "none",
                              "message": "rank %s: log not readable: %s (%s)" % (label, path, info["error"])})
             continue
@@ -458,6 +468,16 @@ def run(args):
             continue
         per_rank[label] = [s["seconds"] for s in steps]
         units[label] = parsed["unit"]
+    if absent and len(absent) < len(targets):
+        findings.append({"level": "info", "code": "not-here", "action": "none",
+                         "message": "rank(s) %s: no log on this target (%s): another node's, when each "
+                                    "node writes its own ranks' logs" % (
+                                        ",".join(label for label, _ in absent), absent[0][1])})
+    elif absent:
+        findings.append({"level": "warn", "code": "no-steps", "action": "none",
+                         "message": "no rank's log on this target: %s (%d ranks)" % (
+                             pattern_given.replace("{rank}", "*"), len(absent)),
+                         "hint": "check --log-pattern and --ranks"})
     unit_set = sorted(set(units.values()))
     scored = None
     if len(unit_set) > 1:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.builtin import step_times as step_times_across
+from diagnostics.core.results import Finding, Result
 from tests.programs import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,3 +273,66 @@ def test_read_tail_starts_at_a_whole_line(tmp_path):
     p.write_bytes(b"first line\nsecond line\nthird\n")
     assert st.read_tail(str(p), 14) == "third\n"
     assert st.read_tail(str(p), 1000) == "first line\nsecond line\nthird\n"
+
+
+# --------------------------------------------------------------------------- across targets
+
+def as_result(target, doc):
+    return Result(diagnostic="step-times", target=target, status=doc["status"], summary=doc["summary"],
+                  findings=[Finding(**f) for f in doc["findings"]], data=doc["data"])
+
+
+def two_nodes(tmp_path, scales):
+    """Each node writes its own ranks' logs under the same pattern (node a: ranks 0-1, node b:
+    ranks 2-3); the script run on each, as each target runs it."""
+    docs = {}
+    for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        d = tmp_path / node
+        d.mkdir()
+        for rank in ranks:
+            megatron_rank_log(d / ("rank%d.log" % rank), scales[rank])
+        rc, doc, err = run_script("--log-pattern", str(d / "rank{rank}.log"), "--ranks", "4")
+        assert [f["code"] for f in doc["findings"]] == ["not-here", "too-few-ranks"], (err, doc["findings"])
+        docs[node] = doc
+    return docs
+
+
+def test_a_straggler_whose_peers_are_on_another_target_is_named(tmp_path):
+    docs = two_nodes(tmp_path, {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.25})
+    assert docs["b"]["findings"][0]["message"] == (
+        "rank(s) 0,1: no log on this target (%s): another node's, when each node writes its own "
+        "ranks' logs" % (tmp_path / "b" / "rank0.log"))
+    results = [as_result(node, doc) for node, doc in docs.items()]
+    step_times_across.amend(results)
+    assert [(r.target, r.status, [f.code for f in r.findings]) for r in results] == [
+        ("a", "ok", ["not-here"]), ("b", "fail", ["not-here", "straggler"])]
+    message = results[1].findings[1].message
+    assert message.startswith("rank 3 on b is a straggler: median ") and "across 4 ranks on 2 targets (z " in message
+    assert " 1.25x its peers' " in message, message
+    assert results[1].summary == "straggler(s) across 2 targets: rank 3"
+
+
+def test_equal_ranks_across_targets_name_nobody(tmp_path):
+    results = [as_result(node, doc) for node, doc in two_nodes(tmp_path, dict.fromkeys(range(4), 1.0)).items()]
+    step_times_across.amend(results)
+    assert [(r.status, [f.code for f in r.findings]) for r in results] == [("ok", ["not-here"])] * 2
+    assert results[0].summary == "no straggler here among 4 ranks on 2 targets"
+
+
+def test_one_target_keeps_its_own_score_and_bad_data_is_left_out(tmp_path):
+    for rank in range(4):
+        megatron_rank_log(tmp_path / ("rank%d.log" % rank), 1.25 if rank == 3 else 1.0)
+    rc, doc, _ = run_script("--log-pattern", str(tmp_path / "rank{rank}.log"), "--ranks", "4")
+    alone = [as_result("a", doc)]
+    step_times_across.amend(alone)
+    assert [f.code for f in alone[0].findings] == ["straggler"]
+    hostile = Result(diagnostic="step-times", target="x", status="ok", summary="", data={
+        "unit": "s", "score": {"ranks": {"0": {"median": float("nan")}, "1": {"median": -1}, "2": "x",
+                                         "3": {"median": True}, "4" * 99: {"median": 1.0}}}})
+    assert step_times_across.medians([hostile]) == []
+
+
+def test_no_rank_log_here_at_all_is_a_warning(tmp_path):
+    rc, doc, _ = run_script("--log-pattern", str(tmp_path / "rank{rank}.log"), "--ranks", "2")
+    assert rc == 1 and [f["code"] for f in doc["findings"]] == ["no-steps"]
+    assert doc["findings"][0]["message"] == "no rank's log on this target: %s (2 ranks)" % (tmp_path / "rank*.log")
