@@ -186,6 +186,22 @@ def _gpu_perf_check(values: Values) -> None:
         raise InputError(f"gpu-perf: --peer-pct: expected a percentage from 1 to 100, got {pct}")
 
 
+def _kubernetes_args() -> Tuple[Arg, ...]:
+    """node-check's --taint, --condition, --untaint (node_check/taint.py): client flags that
+    change nodes, which no runbook step takes."""
+    helps = {
+        "taint": "Kubernetes: taint the node of each pod whose worst action is drain or worse "
+                 "(mldiag.io/unhealthy:NoSchedule); without it the commands are only printed",
+        "condition": "Kubernetes: set the node condition MldiagUnhealthy (the codes in its "
+                     "message) on those nodes (kubectl 1.24 or later)",
+        "untaint": "Kubernetes: remove mldiag's taint and condition, and only those, from the "
+                   "node of each pod that passes"}
+    return tuple(Arg(name, text, kind="bool", client=True,
+                     not_in_runbook=f"a runbook reports and changes no node: run `mldiag "
+                                    f"node-check --{name}` on what it found")
+                 for name, text in helps.items())
+
+
 _NOT_A_RUNBOOK_OUTPUT = ("a runbook writes its report (and with --save each step's results); "
                          "run `mldiag node-check --{flag}` for this")
 
@@ -271,11 +287,12 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                         "and keep resumed those that pass", kind="bool", client=True,
              not_in_runbook="a runbook reports and changes no node: run "
                             "`mldiag node-check --undrain`"),
+         *_kubernetes_args(),
          Arg("prom", "write a Prometheus textfile-collector file (node-exporter) to FILE",
              kind="file", client=True,
              not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="prom FILE"))),
         companions=("kernel_log.py", "xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py",
-                    "ib.py", "dcgm.py"),
+                    "ib.py", "dcgm.py", "host_checks.py"),
         target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
         judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
     DiagnosticSpec(

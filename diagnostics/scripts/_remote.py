@@ -272,6 +272,25 @@ def wait_children(procs, deadline):
     return [(o.decode("utf-8", "replace"), e.decode("utf-8", "replace")) for o, e in outputs], failed, late
 
 
+def fd_targets(pid, proc="/proc", limit=65536):
+    """What each open file descriptor of process ``pid`` points at (``/proc/PID/fd`` links:
+    a path, ``socket:[INODE]``, ``pipe:[INODE]``), each once; [] where they cannot be read."""
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    try:
+        fds = os.listdir(fd_dir)[:limit]
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if target not in out:
+            out.append(target)
+    return out
+
+
 def kill_child(p):
     """A child started with ``start_new_session``: its whole process group killed, its pipes
     closed."""

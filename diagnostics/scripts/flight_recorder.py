@@ -47,6 +47,8 @@ import stat
 import sys
 import time
 
+import _remote
+
 ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_NAME = "comm_lib_trace_rank_"           # under $XDG_CACHE_HOME/torch or ~/.cache/torch
 LEGACY_PREFIX = "/tmp/nccl_trace_rank_"          # torch before the TORCH_FR_* names
@@ -572,20 +574,8 @@ def has_worker_server(pid, proc="/proc"):
 
 
 def _socket_inodes(pid, proc):
-    inodes = set()
-    fd_dir = os.path.join(proc, str(pid), "fd")
-    try:
-        fds = os.listdir(fd_dir)[:65536]
-    except OSError:
-        return inodes
-    for fd in fds:
-        try:
-            link = os.readlink(os.path.join(fd_dir, fd))
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit():
-            inodes.add(link[8:-1])
-    return inodes
+    return set(t[8:-1] for t in _remote.fd_targets(pid, proc)
+               if t.startswith("socket:[") and t.endswith("]") and t[8:-1].isdigit())
 
 
 def wildcard_ports(pid, env, proc="/proc"):

@@ -14,6 +14,9 @@ sys.path; by hand, copy them next to it):
     pcie.py                      GPU and NIC link width/generation, AER counters (sysfs)
     ib.py                        /sys/class/infiniband ports: state, rate, counters, flaps
     dcgm.py                      dcgmi diag -r N -j, when dcgmi is installed
+    host_checks.py               what breaks training silently: /dev/shm, memlock, huge
+                                 pages, clock sync, stuck GPU holders, hung network mounts,
+                                 GPUDirect RDMA (check "host")
 
 Each module's ``check(expect, run_tool, **options)`` returns ``{"findings", "facts"}``
 (and optionally ``"data"``). This file inventories the GPUs with one nvidia-smi call, reads
@@ -44,9 +47,9 @@ import traceback
 import _remote
 from _remote import ACTIONS
 
-CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm")
+CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host")
 # A check's module file, where its name would shadow a well-known package.
-MODULE_OF = {"fabric": "nvfabric"}
+MODULE_OF = {"fabric": "nvfabric", "host": "host_checks"}
 EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
 # where drivers and DCGM put their tools when PATH (a container's, sudo's secure_path) lacks them
 EXTRA_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",

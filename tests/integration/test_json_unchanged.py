@@ -31,9 +31,11 @@ RECORDED = HERE / "data" / "json_recorded.json"
 RECORD = os.environ.get("MLDIAG_RECORD_JSON") == "1"
 
 # Keys whose values are measurements or times of this run, not answers (and every key in
-# seconds: NAME_s); uid: the lab users' ids, whichever the machine gave them.
+# seconds: NAME_s); uid: the lab users' ids, whichever the machine gave them; node-check's
+# host.shm_mib: the size of the machine's /dev/shm.
 VOLATILE_KEYS = frozenset({"uid", "elapsed_s", "duration_s", "seconds", "started", "finished", "time",
-                           "timestamp", "took_s", "wall_s", "at", "when", "age_s"})
+                           "timestamp", "took_s", "wall_s", "at", "when", "age_s",
+                           "host.shm_mib"})       # /dev/shm's size: half the machine's memory
 
 try:   # a version pip picked when the venv was made: not mldiag's answer
     import transformers

@@ -8,6 +8,7 @@ no process paused."""
 
 import json
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -35,12 +36,28 @@ def hosts(lab):
                           "    containers:\n" + ct("ct"))
 
 
-def start_job(lab, work, slow_rank):
-    """The 4-rank job (node 0 here, node 1 in CT 200); returns (procs, logs, stop file)."""
+@pytest.fixture(scope="module")
+def gpu_hosts(lab):
+    """The same two nodes, each with GPUs (the fake nvidia-smi: no GPU here): the host's 8 spin
+    in a collective (derived__h200x8__spin-in-collective), the CT's compute (the H200 capture's
+    load phase)."""
+    spin = {"MLDIAG_FAKE_NVIDIA_SMI": "derived__h200x8__spin-in-collective"}
+    work = {"MLDIAG_FAKE_NVIDIA_SMI": "derived__h200x8__healthy", "MLDIAG_FAKE_NVIDIA_SMI_PHASE": "load"}
+    return lab.hosts_yaml("defaults: {connect_timeout: 5, timeout: 120}\n"
+                          "hosts:\n"
+                          f"  box-sudo: {{address: main, become: sudo, python: /usr/bin/python3, env: {json.dumps(spin)}}}\n"
+                          "  pve:\n"
+                          "    address: main\n"
+                          "    become: sudo\n"
+                          "    containers:\n" + ct("ct", env=work))
+
+
+def start_job(lab, work, slow_rank, log_prefix):
+    """The 4-rank job (node 0 here, node 1 in CT 200), each rank logging to log_prefix<rank>.log
+    on its own node; returns (procs, logs, stop file)."""
     stop = work / "stop"
-    job_env = {"SLOW_RANK": str(slow_rank), "STOP_FILE": str(stop)}
-    procs, logs = start_two_nodes(lab, work, JOB, {**job_env, "LOG_PREFIX": str(work / "rank")},
-                                  {**job_env, "LOG_PREFIX": "/tmp/slowjob-rank"})
+    job_env = {"SLOW_RANK": str(slow_rank), "STOP_FILE": str(stop), "LOG_PREFIX": log_prefix}
+    procs, logs = start_two_nodes(lab, work, JOB, job_env, job_env)
     end = time.monotonic() + START_DEADLINE
     while sum(log.read_text(errors="replace").count("warm ") for log in logs) < 4:
         if any(p.poll() is not None for p in procs) or time.monotonic() > end:
@@ -62,16 +79,18 @@ def stop_job(procs, stop):
 
 @pytest.fixture
 def job(lab, tmp_path, request):
-    procs, logs, stop = start_job(lab, tmp_path, request.param)
-    ct_tmp = Path(f"/proc/{lxc.init_pid(lab.lxc_path, lab.ct_running)}/root/tmp")
-    rank_logs = [tmp_path / "rank0.log", tmp_path / "rank1.log", ct_tmp / "slowjob-rank2.log",
-                 ct_tmp / "slowjob-rank3.log"]
+    # the same path on both nodes, as a job's --log-dir is: each node holds its own ranks' logs
+    prefix = f"/tmp/mldiag-slowjob-{uuid.uuid4().hex[:8]}-rank"
+    procs, logs, stop = start_job(lab, tmp_path, request.param, prefix)
+    ct_root = Path(f"/proc/{lxc.init_pid(lab.lxc_path, lab.ct_running)}/root")
+    rank_logs = [Path(f"{prefix}0.log"), Path(f"{prefix}1.log"), Path(f"{ct_root}{prefix}2.log"),
+                 Path(f"{ct_root}{prefix}3.log")]
     try:
         yield {"procs": procs, "logs": logs, "host": job_ranks(JOB.name, GROUP_RANK="0"),
-               "ct": job_ranks(JOB.name, GROUP_RANK="1"), "rank_logs": rank_logs}
+               "ct": job_ranks(JOB.name, GROUP_RANK="1"), "pattern": prefix + "{rank}.log"}
     finally:
         stop_job(procs, stop)
-        for log in rank_logs[2:]:                # the CT's /tmp is shared by later tests
+        for log in rank_logs:
             try:
                 log.unlink()
             except OSError:
@@ -79,12 +98,12 @@ def job(lab, tmp_path, request):
 
 
 def step_times(hosts, job):
-    """step-times on the host over all four ranks' logs (the CT's read through its root, as a
-    shared filesystem would give them to one node)."""
-    logs = [a for log in job["rank_logs"] for a in ("--log", str(log))]
-    r = mldiag("step-times", "--hosts-file", hosts, "-H", "box-sudo", *logs, "--json")
+    """step-times on both nodes with one pattern: each reads its own ranks' logs, the client
+    compares the four ranks across the two targets."""
+    r = mldiag("step-times", "--hosts-file", hosts, "-H", "box-sudo,ct", "--log-pattern", job["pattern"],
+               "--ranks", "4", "--json")
     assert "Traceback" not in r.stderr, r.stderr
-    return r, json.loads(r.stdout)[0]
+    return r, {d["target"]: d for d in json.loads(r.stdout)}
 
 
 def windows(r):
@@ -95,8 +114,10 @@ def windows(r):
 
 
 @pytest.mark.parametrize("job", [3], indirect=True)
-def test_the_rank_the_others_wait_for_is_named(hosts, job):
-    r = mldiag("stacks", "--hosts-file", hosts, "-H", "box-sudo,ct", "--no-upload", "--window", "3",
+def test_the_rank_the_others_wait_for_is_named(hosts, gpu_hosts, job):
+    """The straggler rank from the stacks, its node from the GPUs (sampled on each target over
+    the same window), the rank again from the logs, and the runbook's verdict."""
+    r = mldiag("stacks", "--hosts-file", gpu_hosts, "-H", "box-sudo,ct", "--no-upload", "--window", "3",
                "--rate", "5", "--json")
     docs, shares = windows(r)
     print("straggler job, wait shares:", shares, [(p["rank"], p["window"]) for d in docs.values()
@@ -104,15 +125,22 @@ def test_the_rank_the_others_wait_for_is_named(hosts, job):
     assert r.returncode == 2, r.stdout + r.stderr
     straggler = [f for f in docs["ct"]["findings"] if f["code"] == "straggler"]
     assert len(straggler) == 1, (shares, [f["message"] for f in straggler])
+    gpus = {t: d["data"]["gpu_window"] for t, d in docs.items()}
+    assert all(g["error"] is None and g["queries"] >= 2 and len(g["gpus"]) == 8 for g in gpus.values()), gpus
+    node = [f["message"] for f in docs["ct"]["findings"] if f["code"] == "straggler-node"]
+    assert node == ["ct's 8 GPUs compute: util 100 %, power 90 % of limit (median GPU over the window), "
+                    "while the GPUs of the other node spin in a collective (util ≥ 90 %, power ≤ 50 % of "
+                    "limit): the node they wait for"], docs["ct"]["findings"]
     pid3 = next(p["pid"] for p in docs["ct"]["data"]["processes"] if p["rank"] == 3)
     assert straggler[0]["message"].startswith(f"rank 3 (pid {pid3} on ct) waited in collectives ")
     assert "its time goes to extra_work (" in straggler[0]["message"], straggler[0]["message"]
-    assert not any(f["code"] == "straggler" for f in docs["box-sudo"]["findings"])
+    assert not any(f["code"].startswith("straggler") for f in docs["box-sudo"]["findings"])
     assert shares[3] < 0.2 and min(shares[r] for r in (0, 1, 2)) > 0.4, shares
 
-    r, doc = step_times(hosts, job)          # the same rank, from the logs
+    r, docs = step_times(hosts, job)          # the same rank, from the logs on its own node
     assert r.returncode == 2, r.stdout + r.stderr
-    assert [(f["code"], f["message"].split(" is ")[0]) for f in doc["findings"]] == [("straggler", "rank 3")]
+    assert [(t, f["code"], f["message"].split(" is ")[0]) for t, d in docs.items() for f in d["findings"]
+            if f["code"] != "not-here"] == [("ct", "straggler", "rank 3 on ct")]
 
     r = mldiag("runbook", "slow-or-hung", "--hosts-file", hosts, "-H", "box-sudo,ct", "--param", "window=3",
                "--json")                      # the runbook's verdict: slow, the straggler its evidence
@@ -131,5 +159,7 @@ def test_an_equal_job_names_nobody_in_20_windows(hosts, job):
         seen.append(shares)
         assert not any(f["code"] == "straggler" for d in docs.values() for f in d["findings"]), (shares, r.stdout)
     print("equal job, wait shares per window:", seen)
-    r, doc = step_times(hosts, job)
-    assert r.returncode == 0 and doc["findings"] == [], r.stdout + r.stderr
+    r, docs = step_times(hosts, job)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {t: [f["code"] for f in d["findings"]] for t, d in docs.items()} == {
+        "box-sudo": ["not-here"], "ct": ["not-here"]}, r.stdout

@@ -515,8 +515,11 @@ class Lab:
                     self._write_state()
             return self.fleet_cluster
 
-    def slow_fleet_link(self, node: int, rate: str = "200mbit") -> None:
-        """Fleet node ``node`` (0-based) gets a slow link: ``rate``, both directions."""
+    def slow_fleet_link(self, node: int, rate: str = "50mbit") -> None:
+        """Fleet node ``node`` (0-based) gets a slow link: ``rate``, both directions. 50 Mbit/s:
+        the unslowed pairs' gloo all-reduce is CPU-bound on a busy 2-core machine, 0.07-0.29 GB/s
+        (CI, stop 38); at 200 Mbit/s (0.022 GB/s) the slow pair came within the 25 % threshold of
+        their median."""
         netns.slow_link(self.fleetnet, node, rate)
 
     def restore_fleet_link(self, node: int) -> None:

@@ -38,11 +38,12 @@ or scontrol would read inside double quotes, so the line shown is also exactly a
 that does the same.
 """
 
+import contextlib
 import datetime
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ...core import nodeset
 from ...views.render import safe_text
@@ -107,14 +108,19 @@ def reason_text(codes: Sequence[str], when: str, user: str) -> str:
     (a checked name), which says whose drain it is."""
     if not NAME.fullmatch(user):
         raise ValueError(f"not a plain user name: {user!r}")
+    return tagged(codes, f" (node-check by {user} {when})", REASON_MAX)
+
+
+def tagged(codes: Sequence[str], tail: str, limit: int) -> str:
+    """``mldiag: CODE, CODE, +N more`` then ``tail``, at most ``limit`` characters: the codes
+    that do not fit become ``+N more`` (a Slurm Reason, taint.py's node condition message)."""
     codes = list(codes) or ["node-check"]
-    tail = f" (node-check by {user} {when})"
     for keep in range(len(codes), 0, -1):
         shown = ", ".join(codes[:keep]) + (f", +{len(codes) - keep} more" if keep < len(codes) else "")
         text = f"{TAG} {shown}{tail}"
-        if len(text) <= REASON_MAX:
+        if len(text) <= limit:
             return text
-    return f"{TAG} {codes[0]}"[:REASON_MAX - len(tail)] + tail
+    return f"{TAG} {codes[0]}"[:limit - len(tail)] + tail
 
 
 # ------------------------------------------------------------------ planning (pure)
@@ -406,12 +412,6 @@ def run(steps: Sequence[DrainStep], *, drain: bool = False, undrain: bool = Fals
     a flag not given come back as ``would-run`` (nothing changed). One outcome per step, in
     order. ``pool``: the run's SshPool (its connections are reused; default: a new one, closed
     here). ``transport``: how a login target is reached (default ``hops.transport_for``)."""
-    own_pool = pool is None and transport is None
-    if transport is None:
-        pool = pool or SshPool()
-        transport_of: TransportFor = lambda t: transport_for(t, pool)   # noqa: E731
-    else:
-        transport_of = transport
     outcomes: List[Optional[DrainOutcome]] = [None] * len(steps)
     by_login: Dict[str, List[int]] = {}
     for i, step in enumerate(steps):
@@ -419,17 +419,46 @@ def run(steps: Sequence[DrainStep], *, drain: bool = False, undrain: bool = Fals
             outcomes[i] = decide(step, None, None)
         else:
             by_login.setdefault(step.login.name.partition(":")[0], []).append(i)
-    try:
+    with reaching(pool, transport) as (transport_of, planned_on):
         for base, indices in by_login.items():
             login = steps[indices[0]].login
             for i, outcome in zip(indices, _run_login(login, [steps[i] for i in indices],
                                                       drain, undrain, transport_of, timeout,
-                                                      pool if transport is None else None)):
+                                                      planned_on)):
                 outcomes[i] = outcome
-    finally:
-        if own_pool and pool is not None:
-            pool.close()
     return [o for o in outcomes if o is not None]
+
+
+@contextlib.contextmanager
+def reaching(pool: Optional[SshPool], transport: Optional[TransportFor]
+             ) -> Iterator[Tuple[TransportFor, Optional[SshPool]]]:
+    """(how a target's machine is reached, the pool to plan its connection on or None):
+    ``transport`` when given (no pool), else ``hops.transport_for`` on ``pool`` (a new one,
+    closed at the end, when None). Drain's login hosts and taint.py's kubectl hosts alike."""
+    if transport is not None:
+        yield transport, None
+        return
+    own = pool is None
+    pool = pool or SshPool()
+    try:
+        yield (lambda t: transport_for(t, pool)), pool
+    finally:
+        if own:
+            pool.close()
+
+
+@contextlib.contextmanager
+def held_open(transport: Transport, pool: Optional[SshPool]) -> Iterator[None]:
+    """Keep ``transport``'s connection open across the commands run inside: planned on the
+    pool (a pool whose planned targets are done closes a connection after each command)."""
+    endpoint = getattr(transport, "endpoint", None) if pool is not None else None
+    if endpoint is not None:
+        pool.plan(endpoint)
+    try:
+        yield
+    finally:
+        if endpoint is not None:
+            pool.finished(endpoint)
 
 
 def _run_login(login: Target, steps: List[DrainStep], drain: bool, undrain: bool,
@@ -439,16 +468,8 @@ def _run_login(login: Target, steps: List[DrainStep], drain: bool, undrain: bool
         transport = transport_of(login)
     except TransportError as exc:
         return [_error(s, f"{exc.layer}: {exc.message}") for s in steps]
-    # NOTE: planned on the pool, the login host's connection stays open across these calls
-    # (a pool whose planned targets are done closes a connection after each command)
-    endpoint = getattr(transport, "endpoint", None) if pool is not None else None
-    if endpoint is not None:
-        pool.plan(endpoint)
-    try:
+    with held_open(transport, pool):
         return _decide_and_apply(login, transport, steps, drain, undrain, timeout)
-    finally:
-        if endpoint is not None:
-            pool.finished(endpoint)
 
 
 def _decide_and_apply(login: Target, transport: Transport, steps: List[DrainStep], drain: bool,
@@ -502,24 +523,36 @@ def commands(outcomes: Iterable[DrainOutcome]) -> List[str]:
 def lines(outcomes: Sequence[DrainOutcome]) -> List[str]:
     """What to print, one line each: every command (run, failed, or would run with which flag),
     every node left alone and why, and once, the rows that are not Slurm nodes (folded)."""
-    out: List[str] = []
+    out: List[Optional[str]] = []
     skipped: Dict[str, List[str]] = {}
     for o in outcomes:
         if o.status == "skipped":
             skipped.setdefault(o.message, []).append(o.target)
-        elif o.status == "would-run":
-            out.append(f"{o.target}: {o.flag} would run: {o.command}")
-        elif o.status == "ran":
-            now = f" (now State={o.after.state})" if o.after else ""
-            out.append(f"{o.target}: {o.message}{now}: {o.command}")
-        elif o.status == "failed":
-            out.append(f"{o.target}: {o.message}: {o.command}")
-        elif o.message:
-            out.append(f"{o.target}: {o.message}")
-    for why, names in skipped.items():
-        out.append(f"{why}: skipped: {nodeset.fold(names)}")
-    if outcomes and not any(o.command for o in outcomes) and any(
-            o.status not in ("skipped",) for o in outcomes):
-        out.insert(0, "Slurm: nothing to drain or resume")
-    # Reasons, states and stderr are the login host's words: one inert line each
-    return [safe_text(line) for line in out]
+        else:
+            out.append(outcome_line(o, o.target, f" (now State={o.after.state})" if o.after else ""))
+    nothing = not any(o.command for o in outcomes) and any(
+        o.status not in ("skipped",) for o in outcomes)
+    return framed(out, skipped, "Slurm: nothing to drain or resume" if nothing else None)
+
+
+def outcome_line(o, who: str, now: str, tail: str = "") -> Optional[str]:
+    """One outcome's line (a DrainOutcome, or taint.py's TaintOutcome): the command run, failed
+    or that would run with its flag, else its message (None: nothing to say). ``now``: the
+    state read back after the command; ``tail``: more said after a command."""
+    if o.status == "would-run":
+        return f"{who}: {o.flag} would run: {o.command}{tail}"
+    if o.status == "ran":
+        return f"{who}: {o.message}{now}: {o.command}{tail}"
+    if o.status == "failed":
+        return f"{who}: {o.message}: {o.command}"
+    return f"{who}: {o.message}" if o.message else None
+
+
+def framed(out: Sequence[Optional[str]], skipped: Dict[str, List[str]],
+           heading: Optional[str]) -> List[str]:
+    """The lines to print: ``out`` (less the Nones), then each reason rows were skipped with
+    those rows (folded), ``heading`` first when given; each made one inert line (Reasons,
+    states, taints and stderr are the remote side's words)."""
+    lines_ = [line for line in out if line is not None]
+    lines_ += [f"{why}: skipped: {nodeset.fold(names)}" for why, names in skipped.items()]
+    return [safe_text(line) for line in ([heading] if heading else []) + lines_]

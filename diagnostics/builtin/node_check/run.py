@@ -11,6 +11,9 @@ only the client can do with all the answers together:
   nodes mldiag drained are resumed inside a maintenance reservation, checked there, and kept
   resumed only if they pass (``undrain.open_windows`` / ``close_windows``: the check runs on
   those nodes only; the window is closed whatever happens during the check).
+- Kubernetes (kubectl targets): ``--taint`` / ``--condition`` mark the node a pod runs on
+  whose worst action is drain or worse, ``--untaint`` removes only mldiag's marks from one
+  that passes; without a flag, the commands are printed (``taint.plan`` / ``taint.run``).
 
 Bad input (a baseline file that is not one, both --drain and --undrain, a bad --dcgm-level,
 a --prom name not ending in .prom) is refused before anything connects. A Slurm command that
@@ -27,7 +30,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Set, TextIO
 from . import baseline as baseline_mod, drain as drain_mod, view as node_view, prom as prom_mod
 from ...engine import execute as engine, jobs
 from ...core import results as results_mod, termination
-from . import undrain as undrain_mod
+from . import taint as taint_mod, undrain as undrain_mod
 from ...transport.ssh import SshPool
 from ...core.errors import EXIT_ERROR, InputError, MldiagError
 from ...core.outcome import Outcome
@@ -91,11 +94,12 @@ def run(opts: engine.Options, values: Mapping[str, Any], *, out: Optional[TextIO
     out = out or sys.stdout
     save_baseline, prom = values.get("save-baseline"), values.get("prom")
     drain, undrain = bool(values.get("drain")), bool(values.get("undrain"))
+    kube = {flag: bool(values.get(flag)) for flag in ("taint", "condition", "untaint")}
     amend = judge(values)
     job = jobs.job_source("node-check", values)
     if not undrain:
         outcome = engine.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
-        return finish(opts, outcome, save_baseline, prom, drain=drain, out=out)
+        return finish(opts, outcome, save_baseline, prom, drain=drain, out=out, **kube)
     # --undrain: the nodes mldiag drained are checked inside a maintenance reservation
     # (undrain.py); whatever happens while it opens or during the check (an error, a signal),
     # what was opened is closed, and the closing is not cut short by a signal (it is held)
@@ -125,13 +129,14 @@ def run(opts: engine.Options, values: Mapping[str, Any], *, out: Optional[TextIO
             pool.close()
     in_window = {o.target for o in closed}
     return finish(opts, outcome, save_baseline, prom, undrain=True, out=out,
-                  opened=opened, closed=closed, in_window=in_window)
+                  opened=opened, closed=closed, in_window=in_window, **kube)
 
 
 def finish(opts: engine.Options, outcome: Outcome, save_baseline: Optional[str],
            prom: Optional[str], *, out: TextIO, drain: bool = False, undrain: bool = False,
            opened: Sequence[str] = (), closed: Sequence[drain_mod.DrainOutcome] = (),
-           in_window: Set[str] = frozenset()) -> Outcome:
+           in_window: Set[str] = frozenset(), taint: bool = False, condition: bool = False,
+           untaint: bool = False) -> Outcome:
     # each output is its own: one that fails is said after the others have run
     results = outcome.results
     problems = []
@@ -143,6 +148,8 @@ def finish(opts: engine.Options, outcome: Outcome, save_baseline: Optional[str],
     problems = [problem for problem in problems if problem]
     outcome = slurm(opts, outcome, drain=drain, undrain=undrain, out=out, opened=opened,
                     closed=closed, in_window=in_window)
+    outcome = taint_mod.report(opts, outcome, out=out, taint=taint, condition=condition,
+                               untaint=untaint)
     if not problems:
         return outcome
     return Outcome(outcome.results, max([outcome.exit_code, EXIT_ERROR] + [c for c, _ in problems]),

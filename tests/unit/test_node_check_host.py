@@ -1,0 +1,235 @@
+"""node-check's host check (scripts/host_checks.py), each finding from a real source of this
+machine: a small tmpfs as /dev/shm, the locked-memory limit set with ulimit, a FUSE mount whose
+server never answers (a hung network filesystem: its stat sleeps in the kernel, in D state) and a
+process stuck on it holding a file it opened as /dev/nvidia0 (in a mount namespace of its own,
+where /dev is a tmpfs). Where the real thing needs what this machine has not -- systemd's
+timedatectl, chronyc, huge pages -- a stand-in prints what the real tool prints, and a recorded
+/proc/meminfo is read. Mounting needs root: CI runs as root."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from tests.programs import SCRIPTS, load_script
+
+host = load_script("host_checks.py", "mldiag_test_host_checks")
+nc = load_script("node_check.py", "mldiag_test_node_check_for_host")
+
+root_only = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
+                               reason="mounts need root (CI runs as root)")
+
+HANG_SERVER = textwrap.dedent('''
+    import ctypes, os, sys, time
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    libc = ctypes.CDLL(None, use_errno=True)
+    opts = ("fd=%d,rootmode=40000,user_id=0,group_id=0" % fd).encode()
+    if libc.mount(b"mldiag-test-hang", sys.argv[1].encode(), b"fuse", 0, opts) != 0:
+        print("mount failed: " + os.strerror(ctypes.get_errno()), flush=True)
+        sys.exit(1)
+    print("mounted", flush=True)
+    time.sleep(300)          # never reads /dev/fuse: every request on the mount waits
+''')
+
+
+def umount(path):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(str(path).encode(), 2)          # MNT_DETACH
+
+
+@contextmanager
+def tmpfs(path, size):
+    path.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "mldiag-test-shm", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        umount(path)
+
+
+@contextmanager
+def hung_fuse(path):
+    """A FUSE mount at ``path`` whose server never answers; on exit the server is killed (the
+    waiting requests fail with ENOTCONN) and the mount detached."""
+    path.mkdir(exist_ok=True)
+    server = subprocess.Popen([sys.executable, "-c", HANG_SERVER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline().strip()
+        assert line == "mounted", line
+        yield path
+    finally:
+        server.kill()
+        server.wait()
+        umount(path)
+
+
+def no_tool(argv, timeout=10):
+    return nc.Tool("missing", None, "", "%s: not found" % argv[0], 0.0)
+
+
+def run_host(run_tool=no_tool, **options):
+    options.setdefault("proc_root", "/proc")
+    options.setdefault("sys_root", "/nonexistent-sys")
+    return host.check({}, run_tool, **options)
+
+
+def codes(result):
+    return [f["code"] for f in result["findings"]]
+
+
+@root_only
+def test_a_containers_64_mb_shm_is_small_and_a_full_one_is_full(tmp_path):
+    with tmpfs(tmp_path / "shm", "64m") as shm:
+        got = run_host(shm_path=str(shm))
+        assert got["facts"]["host.shm_mib"] == 64
+        (f,) = [f for f in got["findings"] if f["code"].startswith("shm")]
+        assert (f["code"], f["level"], f["action"]) == ("shm-small", "warn", "app")
+        assert f["message"] == "/dev/shm is 64 MiB (64 MiB free): NCCL's shared-memory transport needs more " \
+                               "than a container's 64 MB default"
+    with tmpfs(tmp_path / "big", "1200m") as shm:
+        with open(shm / "leftover", "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, 1000 << 20)
+        got = run_host(shm_path=str(shm))
+        assert [c for c in codes(got) if c.startswith("shm")] == ["shm-full"]
+        (shm / "leftover").unlink()
+        assert [c for c in codes(run_host(shm_path=str(shm))) if c.startswith("shm")] == []
+
+
+CHECK_MEMLOCK = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import host_checks, node_check
+    def no_tool(argv, timeout=10):
+        return node_check.Tool("missing", None, "", "", 0.0)
+    got = host_checks.check({}, no_tool, sys_root=sys.argv[2], proc_root="/proc", shm_path="/nonexistent")
+    print(json.dumps([f for f in got["findings"] if f["code"] == "memlock-limited"] + [got["facts"]["host.memlock"]]))
+''')
+
+
+def test_rdma_devices_with_a_limited_memlock(tmp_path):
+    """The limit as a shell's ulimit -l sets it for the session, with an RDMA device in a
+    sys tree (the lab's recorded trees hold real ones)."""
+    (tmp_path / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+
+    def under(limit):
+        p = subprocess.run(["bash", "-c", f'ulimit -l {limit} && exec "$0" -c "$1" "$2" "$3"', sys.executable,
+                            CHECK_MEMLOCK, str(SCRIPTS), str(tmp_path)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        import json
+        return json.loads(p.stdout)
+
+    found = under(64)
+    assert found[-1] == 64 * 1024 and [f["message"] for f in found[:-1]] == [
+        "RDMA devices (mlx5_0) and a locked-memory limit of 64 KiB (ulimit -l): NCCL's InfiniBand transport "
+        "needs it unlimited"]
+    (tmp_path / "class" / "infiniband" / "mlx5_0").rmdir()
+    assert under(64) == [64 * 1024]             # no RDMA device: the limit is only a fact
+
+
+def test_huge_pages_all_in_use_from_a_recorded_meminfo(tmp_path):
+    (tmp_path / "meminfo").write_text("MemTotal:       2113433004 kB\nHugePages_Total:    1024\n"
+                                      "HugePages_Free:        0\nHugePages_Rsvd:        0\nHugepagesize:       2048 kB\n")
+    (tmp_path / "mounts").write_text("")
+    got = run_host(proc_root=str(tmp_path), shm_path="/nonexistent")
+    assert codes(got) == ["hugepages-exhausted"] and got["facts"]["host.hugepages_total"] == 1024
+    (tmp_path / "meminfo").write_text("HugePages_Total:    1024\nHugePages_Free:       12\n")
+    assert codes(run_host(proc_root=str(tmp_path), shm_path="/nonexistent")) == []
+
+
+def stand_in(tmp_path, name, script):
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text("#!/bin/sh\n" + script)
+    (d / name).chmod(0o755)
+    return nc.ToolRunner(path=str(d))
+
+
+@pytest.mark.parametrize("name,script,synced", [
+    # systemd's timedatectl show -p NTPSynchronized --value prints the bare value
+    ("timedatectl", 'echo no\n', "no"),
+    ("timedatectl", 'echo yes\n', "yes"),
+    # chronyc tracking's "Leap status" line (chronyc(1): Normal, Insert second, Delete second,
+    # Not synchronised)
+    ("chronyc", 'printf "Reference ID    : 00000000 ()\\nStratum         : 0\\nLeap status     : Not synchronised\\n"\n', "no"),
+    ("chronyc", 'printf "Reference ID    : C0A80001 (ntp1)\\nLeap status     : Normal\\n"\n', "yes"),
+])
+def test_the_clock_sync_state(tmp_path, name, script, synced):
+    runner = stand_in(tmp_path, name, script)
+    got = run_host(run_tool=runner, proc_root=str(tmp_path), shm_path="/nonexistent")
+    assert got["facts"]["host.time_sync"] == synced
+    assert codes(got) == (["clock-unsynced"] if synced == "no" else [])
+
+
+def test_neither_time_tool_is_unknown_and_no_finding(tmp_path):
+    got = run_host(run_tool=nc.ToolRunner(path=str(tmp_path)), proc_root=str(tmp_path), shm_path="/nonexistent")
+    assert got["facts"]["host.time_sync"] == "unknown" and codes(got) == []
+
+
+def test_gpus_and_rdma_devices_without_peermem(tmp_path):
+    (tmp_path / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+    (tmp_path / "module").mkdir()
+    got = host.check({}, no_tool, gpus=[{"index": 0}], sys_root=str(tmp_path), proc_root="/proc",
+                     shm_path="/nonexistent")
+    assert [c for c in codes(got) if c != "memlock-limited"] == ["gpudirect-rdma-off"]
+    assert got["facts"]["host.persistenced"] is False          # no nvidia-persistenced here
+    (tmp_path / "module" / "nvidia_peermem").mkdir()
+    got = host.check({}, no_tool, gpus=[{"index": 0}], sys_root=str(tmp_path), proc_root="/proc",
+                     shm_path="/nonexistent")
+    assert "gpudirect-rdma-off" not in codes(got) and got["facts"]["host.gpudirect_rdma"] is True
+
+
+STUCK_ON_GPU = ('mount -t tmpfs mldiag-test-dev /dev && : > /dev/nvidia0 && '
+                'exec "$0" -c "import os, sys; fd = os.open(\'/dev/nvidia0\', os.O_RDONLY); '
+                'print(\'holding\', flush=True); os.stat(sys.argv[1])" "$1"')
+
+
+@root_only
+def test_a_hung_mount_and_the_processes_stuck_on_it(tmp_path):
+    """A FUSE mount that never answers: its stat does not return (mount-hung, drain); a process
+    stuck on it holding /dev/nvidia0 (stuck-gpu-holder, reboot) and one holding nothing
+    (stuck-processes)."""
+    with hung_fuse(tmp_path / "mnt") as mnt:
+        holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", STUCK_ON_GPU,
+                                   sys.executable, str(mnt / "ckpt")], stdout=subprocess.PIPE, text=True)
+        plain = subprocess.Popen([sys.executable, "-c", "import os, sys; os.stat(sys.argv[1])", str(mnt / "data")])
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            end = time.monotonic() + 10
+            while not all(host.d_state().get(str(p.pid)) for p in (plain,)) and time.monotonic() < end:
+                time.sleep(0.1)
+            t0 = time.monotonic()
+            got = run_host(mount_timeout=1.0, stuck_recheck=0.2, shm_path="/nonexistent")
+            took = time.monotonic() - t0
+        finally:
+            for p in (holder, plain):
+                p.kill()
+    for p in (holder, plain):
+        p.wait(timeout=10)
+    assert took < 5, took
+    by_code = {f["code"]: f for f in got["findings"]}
+    hung = [f for f in got["findings"] if f["code"] == "mount-hung"]
+    assert [f["message"] for f in hung if str(mnt) in f["message"]] == [
+        f"{mnt} (fuse) did not answer a stat within 1 s"], hung
+    assert (hung[0]["level"], hung[0]["action"]) == ("fail", "drain")
+    gpu = by_code["stuck-gpu-holder"]
+    assert (gpu["level"], gpu["action"]) == ("fail", "reboot")
+    comm = os.path.basename(sys.executable)[:15]       # the kernel's comm: the program's name
+    assert f"pid {holder.pid} ({comm}) /dev/nvidia0" in gpu["message"], gpu["message"]
+    assert f"pid {plain.pid} ({comm})" in by_code["stuck-processes"]["message"]
+    assert got["facts"]["host.network_mounts"] >= 1
+
+
+def test_network_mounts_are_read_from_proc_mounts(tmp_path):
+    (tmp_path / "mounts").write_text(
+        "sysfs /sys sysfs rw 0 0\n"
+        "10.0.0.5:/export /mnt/ckpt nfs4 rw,relatime,vers=4.2 0 0\n"
+        "fusectl /sys/fs/fuse/connections fusectl rw 0 0\n"
+        "s3fs /mnt/my\\040data fuse.s3fs rw 0 0\n"
+        "lustre@o2ib:/fs /lustre lustre rw 0 0\n")
+    assert host.network_mounts(str(tmp_path)) == [("/mnt/ckpt", "nfs4"), ("/mnt/my data", "fuse.s3fs"),
+                                                   ("/lustre", "lustre")]
