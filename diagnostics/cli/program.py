@@ -56,8 +56,8 @@ NOT_MLDIAG = {
     "warn-only": "the exit code is the worst status (0 ok, 1 warn, 2 fail, 3 error)",
     "write-pyc": "mldiag runs no shell commands through Invoke",
 }
-COMMON_ORDER = ("host", "group", "hosts-file", "json", "save", "parallel", "timeout",
-                "keep-remote", "diff", "no-color")
+COMMON_ORDER = ("host", "group", "hosts-file", "json", "jsonl", "save", "junit", "parallel",
+                "timeout", "keep-remote", "diff", "no-color")
 HELP_FLAGS = ("-h", "--help")
 
 
@@ -233,7 +233,7 @@ def _first_line(task) -> str:
 def common_rows(task_name: str = "", names: Sequence[str] = COMMON_ORDER,
                 helps: Optional[dict] = None) -> List[Tuple[str, str]]:
     helps = helps or COMMON_HELP
-    takes_value = {"host", "group", "hosts-file", "save", "parallel", "timeout"}
+    takes_value = {"host", "group", "hosts-file", "save", "junit", "parallel", "timeout"}
     return [(flag_spec(task_name, n, n in takes_value, tasks.SHORT_FLAGS.get(n)), helps[n])
             for n in COMMON_ORDER if n in names]
 

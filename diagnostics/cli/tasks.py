@@ -8,6 +8,7 @@ import inspect
 import json as jsonlib
 import os
 import sys
+from dataclasses import replace
 
 from typing import Dict, List, Optional
 
@@ -15,6 +16,7 @@ from invoke import Argument, Collection, Exit, Task, task
 
 from ..builtin import BUILTIN, BUILTINS
 from ..engine import execute, registry
+from ..views import junit
 from . import cmdline
 from ..core import termination
 from ..core.errors import EXIT_ERROR, EXIT_OK, InputError, MldiagError
@@ -176,7 +178,11 @@ COMMON_HELP = {
     "hosts-file": "the hosts file (default: the first of $MLDIAG_HOSTS_FILE, ./hosts.yaml, "
                   "$XDG_CONFIG_HOME/mldiag/hosts.yaml; `mldiag hosts` says which)",
     "json": "print the result documents as JSON (nothing else on stdout)",
+    "jsonl": "print each result as one JSON line as it arrives, then a summary line (JSON "
+             "Lines, for pipelines; nothing else on stdout)",
     "save": "directory to write one JSON file per target plus summary.json",
+    "junit": "also write a JUnit XML report to FILE (one testsuite per diagnostic, one testcase "
+             "per target and check), for CI test reports",
     "parallel": f"targets run at once (default {32})",
     "timeout": "seconds the diagnostic may run on the target (default: hosts.yaml's, 300)",
     "keep-remote": "keep the remote temp dir for debugging (its path is in the result's data)",
@@ -185,7 +191,7 @@ COMMON_HELP = {
 }
 # The name of each flag's value in help (``-H NAME, --host=NAME``); Invoke would say STRING.
 COMMON_METAVARS = {"host": "NAME", "group": "GROUP", "hosts-file": "FILE", "save": "DIR",
-                   "parallel": "N", "timeout": "SECONDS"}
+                   "junit": "FILE", "parallel": "N", "timeout": "SECONDS"}
 METAVARS: Dict[str, Dict[str, str]] = {
     "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
                    "put": "FILE"},
@@ -210,10 +216,16 @@ def _help(**extra):
     return {k: v for k, v in {**COMMON_HELP, **extra}.items() if v is not None}
 
 
-def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff, no_color):
+def _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff, no_color,
+             jsonl=False, junit=None):
+    if json and jsonl:
+        raise InputError("--json and --jsonl: give one of them (--json: one document at the "
+                         "end; --jsonl: a line per result as it arrives)")
+    if junit is not None and not str(junit).strip():
+        raise InputError("--junit: expected a file name, got ''")
     return execute.Options(host=host, group=group, hosts_file=hosts_file, json=json, save=save,
                        parallel=parallel, timeout=timeout, keep_remote=keep_remote, diff=diff,
-                       no_color=no_color)
+                       no_color=no_color, jsonl=jsonl, junit=junit)
 
 
 def _core_flag_spellings() -> frozenset:
@@ -243,8 +255,8 @@ def hosts(c, host=None, group=None, hosts_file=None, json=False, no_color=False)
 
 # The common flags' parameters, in the order every diagnostic task's signature ends with.
 COMMON_PARAMETERS = (("host", None), ("group", None), ("hosts_file", None), ("json", False),
-                     ("save", None), ("parallel", None), ("timeout", None),
-                     ("keep_remote", False), ("diff", False), ("no_color", False))
+                     ("jsonl", False), ("save", None), ("junit", None), ("parallel", None),
+                     ("timeout", None), ("keep_remote", False), ("diff", False), ("no_color", False))
 
 
 # Common flags whose default an Invoke config's ``mldiag`` section may give.
@@ -296,15 +308,15 @@ def diagnostic_task(spec: registry.DiagnosticSpec) -> MldiagTask:
     **{"args-json": "the script's arguments as a JSON list of strings (exact, for any value)"},
     put="extra local file uploaded beside the script (repeatable)"))
 def run_script(c, path, code=None, arg=None, args_json=None, put=None, host=None, group=None,
-               hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-               keep_remote=False, diff=False, no_color=False):
+               hosts_file=None, json=False, jsonl=False, save=None, junit=None, parallel=None,
+               timeout=None, keep_remote=False, diff=False, no_color=False):
     """Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the targets.
 
     The script's arguments, in this order: each --arg, the --args-json list, then everything
     after `--` exactly as given: mldiag run-script x.py -H box -- --json -H foo
     """
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, diff,
-                    no_color)
+                    no_color, jsonl=jsonl, junit=junit)
     argv = list(arg or [])
     if args_json is not None:
         try:
@@ -333,7 +345,7 @@ class RunbookTask(MldiagTask):
 
 
 @task(klass=RunbookTask, positional=["name"], iterable=["param", "runbooks_dir"], help=_help(
-    diff=None, name="the runbook to run (file NAME.yaml in a runbook directory)",
+    diff=None, jsonl=None, name="the runbook to run (file NAME.yaml in a runbook directory)",
     json="print the report as JSON (the same as --format json; nothing else on stdout)",
     timeout="seconds each step's diagnostic may run on the target (default: the step's, "
             "else hosts.yaml's)",
@@ -341,21 +353,49 @@ class RunbookTask(MldiagTask):
     param="a runbook parameter, NAME=VALUE (repeatable), e.g. --param log=/var/log/train.log",
     format="report format: md (default) or json (--json is the same as --format json)",
     save="directory to write report.md, report.json and each step's results (steps/NN-STEP/)",
+    junit="also write a JUnit XML report to FILE (one testsuite per step, one testcase per "
+          "target and check; a step skipped on a target is a skipped testcase)",
     drain="Slurm: after the run, drain the nodes whose worst action in any step is drain or "
           "worse (node-check's tagged reason; node-check --undrain resumes them)",
     **{"runbooks-dir": "another directory of runbook files (repeatable; searched after the "
                        "built-in ones and hosts.yaml's runbooks:)"}))
 def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=None, host=None,
-            group=None, hosts_file=None, json=False, save=None, parallel=None, timeout=None,
-            keep_remote=False, no_color=False, drain=False):
+            group=None, hosts_file=None, json=False, save=None, junit=None, parallel=None,
+            timeout=None, keep_remote=False, no_color=False, drain=False):
     """Run a runbook's steps on the targets and print one report (Markdown or JSON)."""
     from ..runbooks import run as runbook_run   # here: every other task's start-up skips its import (~40 ms)
     if list_:
         return runbook_run.list_runbooks(hosts_file, runbooks_dir or [], as_json=json)
     opts = _options(host, group, hosts_file, json, save, parallel, timeout, keep_remote, False,
-                    no_color)
-    return runbook_run.execute(opts, name, params=param or [], runbooks_dirs=runbooks_dir or [],
-                               fmt=format, drain=drain)
+                    no_color, junit=junit)
+    # the report file is checked before the runbook connects anywhere, written after its report
+    # (an interrupted run's too: the outcome holds what ran)
+    report = execute.ReportFile.open("--junit", opts.junit)
+    try:
+        outcome = runbook_run.execute(replace(opts, junit=None), name, params=param or [],
+                                      runbooks_dirs=runbooks_dir or [], fmt=format, drain=drain)
+    except BaseException:
+        if report is not None:
+            report.close()
+        raise
+    return execute.with_messages(outcome, execute.write_junit(report, runbook_suites(outcome.results)))
+
+
+def runbook_suites(record) -> List[junit.Suite]:
+    """A runbook's JUnit suites (``record``: runbooks.run.RunbookRun): one per step that ran or
+    was skipped somewhere, ``mldiag.RUNBOOK.NN-STEP``; a target the step skipped is a skipped
+    testcase (why: its ``when``, a missing parameter, an earlier stop, an unreachable target)."""
+    suites = []
+    for sr in record.steps:
+        if not sr.results and not sr.skipped:
+            continue
+        name = junit.suite_name(record.runbook.name, f"{sr.number:02d}-{sr.step.id}")
+        suites.append(junit.Suite(name=name, results=sr.results, check=sr.step.task,
+                                  started=record.started,
+                                  not_run=[junit.NotRun(s.target, s.kind, s.reason,
+                                                        error=s.kind == "interrupted")
+                                           for s in sr.skipped]))
+    return suites
 
 
 def collection(found: registry.Registry) -> Collection:

@@ -6,19 +6,23 @@ the process itself; ``tasks.py`` maps both to Invoke's ``Exit``. No engine modul
 Invoke (only Fabric does, under the SSH transport): tests/unit/test_engine.py.
 """
 
+import datetime
 import json
 import os
 import re
+import secrets
+import stat
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO, Union
 
 from . import jobs, live, runner, shards
 from ..core import nodeset, termination
-from ..views import render
+from ..views import jsonl, junit, render
 from ..inventory import topology
 from .bundle import Job
-from ..core.errors import EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
+from ..core.errors import EXIT_ERROR, EXIT_INTERRUPTED, InputError, TargetInputError  # noqa: F401 (TargetInputError: re-exported)
 from ..core.outcome import Outcome
 from ..core.results import Result, exit_code
 from ..core.savedir import SaveDir, result_file_name
@@ -38,12 +42,20 @@ class Options:
     hosts_file: Optional[str] = None
     json: bool = False
     save: Optional[str] = None
+    jsonl: bool = False      # one JSON line per result as it arrives (implies json: stdout is JSON only)
+    junit: Optional[str] = None   # FILE for a JUnit XML report (views/junit.py)
     parallel: Optional[str] = None
     timeout: Optional[str] = None
     keep_remote: bool = False
     diff: bool = False
     no_color: bool = False
     quiet: bool = False      # nothing on stderr while it runs (api.run: a team's own task prints)
+
+    def __post_init__(self) -> None:
+        # --jsonl's stdout is JSON as --json's is: whatever a task would print beside the
+        # document (node-check's Slurm lines) goes to stderr alike
+        if self.jsonl:
+            self.json = True
 
 
 def parse_positive_number(flag: str, value: Optional[str], *, integer: bool = False) -> Optional[float]:
@@ -174,6 +186,100 @@ def open_save_dir(path: Optional[str], targets: Sequence[Target]) -> Optional[Sa
     return save
 
 
+class ReportFile:
+    """A report a flag names (``--junit FILE``): checked before anything connects, written once at
+    the end. FILE's directory is made if missing and opened then (the path to it is the user's
+    choice and may go through links they made, as ``--save``'s is: savedir.py's NOTE); FILE
+    itself is never followed: the report goes to a fresh temp name in that directory
+    (``O_CREAT|O_EXCL|O_NOFOLLOW``) and is renamed over FILE (``savedir.SaveDir.write_text``), so
+    a link planted at FILE is replaced, never written through, and a reader never sees half a
+    report. Mode 0644 whatever the umask: a CI server's agent, maybe another user than a
+    ``sudo mldiag`` run, reads it."""
+
+    MODE = 0o644
+
+    def __init__(self, flag: str, path: str, directory: SaveDir, name: str):
+        self.flag, self.path, self.directory, self.name = flag, path, directory, name
+
+    @classmethod
+    def open(cls, flag: str, path: Optional[str]) -> Optional["ReportFile"]:
+        """None without the flag; InputError (exit 4, naming the flag and FILE) when FILE cannot
+        be written: its directory cannot be made or opened or written, FILE is a directory."""
+        if path is None or path is False:
+            return None
+        shown = f"{flag} {path}"
+        parent, name = os.path.split(str(path))
+        if not name or name in (".", ".."):
+            raise InputError(f"{shown}: expected a file name, not a directory")
+        try:
+            try:
+                fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:   # made, as pytest's --junitxml makes it
+                os.makedirs(parent, exist_ok=True)
+                fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise InputError(f"{shown}: its directory {parent}: {exc.strerror or exc}")
+        report = cls(flag, str(path), SaveDir(fd, parent or "."), name)
+        try:
+            report._check()
+        except BaseException:
+            report.close()
+            raise
+        return report
+
+    def _check(self) -> None:
+        shown = f"{self.flag} {self.path}"
+        fd = self.directory.fd
+        try:
+            st = os.stat(self.name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise InputError(f"{shown}: {exc.strerror or exc}")
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{shown}: a directory is in the way")
+        probe = f".{self.name}.{secrets.token_hex(6)}.probe"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=fd))
+            os.unlink(probe, dir_fd=fd)
+        except OSError as exc:
+            raise InputError(f"{shown}: cannot write in its directory: {exc.strerror or exc}")
+
+    def write(self, write: Callable[[TextIO], None]) -> Optional[str]:
+        """Write the report; None, or the message naming the flag and FILE when it could not be
+        written (the run's results stand: the caller makes the exit code at least 3)."""
+        def whole(stream: TextIO) -> None:
+            os.fchmod(stream.fileno(), self.MODE)
+            write(stream)
+        try:
+            self.directory.write_text(self.name, whole)
+        except OSError as exc:
+            return f"{self.flag} {self.path}: not written: {exc.strerror or exc}"
+        return None
+
+    def close(self) -> None:
+        self.directory.close()
+
+
+def write_junit(report: Optional[ReportFile], suites: Sequence[junit.Suite]) -> Optional[str]:
+    """``--junit``'s report of ``suites`` (None without --junit); the message when it failed."""
+    if report is None:
+        return None
+    try:
+        return report.write(lambda stream: junit.render_junit(suites, stream))
+    finally:
+        report.close()
+
+
+def with_messages(outcome: Outcome, *messages: Optional[str]) -> Outcome:
+    """``outcome`` and the messages that are not None; any makes the exit code at least 3."""
+    given = tuple(m for m in messages if m)
+    if not given:
+        return outcome
+    return Outcome(outcome.results, max(outcome.exit_code, EXIT_ERROR), outcome.messages + given)
+
+
 def configured(config: Any, name: str) -> Any:
     """``mldiag.NAME`` in an Invoke config (a team's ``tasks.py`` sets defaults there, see
     ``api.collection``); None where it is not set."""
@@ -205,11 +311,14 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     InputError before anything connects; ``errors.Interrupted`` after Ctrl-C, TERM or HUP
     (what arrived is saved first). ``amend``: a look at every result together before anything
     is saved or shown (node-check adds the fleet's baseline/majority findings there); with
-    it, results are saved when all have arrived (or as they are, after an interrupt).
-    ``targets``: run on these instead of the ones the options select (node-check --undrain
-    narrows a Slurm target to the nodes of its maintenance window). ``fan_out``: how the targets
-    are run, ``runner.run_many``'s signature and answer (one result per target, in their order;
-    nccl-check --pairs runs them two by two, engine/groups.py)."""
+    it, results are saved, and ``--jsonl`` lines printed, when all have arrived (or as they
+    are, after an interrupt). ``targets``: run on these instead of the ones the options select
+    (node-check --undrain narrows a Slurm target to the nodes of its maintenance window).
+    ``fan_out``: how the targets are run, ``runner.run_many``'s signature and answer (one
+    result per target, in their order; nccl-check --pairs runs them two by two,
+    engine/groups.py). ``--junit FILE`` is written at the end (after an interrupt too, the
+    targets that had not finished as errors); one that cannot be written then is said, with
+    exit code at least 3."""
     out = out or sys.stdout
     timeout = parse_positive_number("--timeout", opts.timeout)
     parallel = parse_positive_number("--parallel", opts.parallel, integer=True)
@@ -218,7 +327,13 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
         for target in targets:   # every target's job is checked before anything runs
             job(target)
     shards.requested_workers()                 # a bad $MLDIAG_WORKERS is bad input here too
-    save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
+    report = ReportFile.open("--junit", opts.junit)   # bad input above leaves no FILE's directory
+    try:
+        save = open_save_dir(opts.save, targets)   # last: bad input above leaves no DIR behind
+    except BaseException:
+        if report is not None:
+            report.close()
+        raise
 
     def job_for(target: Target) -> Job:
         j = job(target) if callable(job) else job
@@ -229,18 +344,27 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
             changes["keep_remote"] = True
         return replace(j, **changes) if changes else j
 
+    diagnostic = job_for(targets[0]).diagnostic if targets else "mldiag"
     # One line per running target on a terminal's stderr (never with --json, never on a pipe);
     # one target's run-script shows its output as it comes.
     progress = live.open_area(sys.stderr, [t.name for t in targets],
                               enabled=not (opts.json or opts.quiet),
                               passthrough=len(targets) == 1 and job_for(targets[0]).mode == "script")
     finished: List[Result] = []
+    streaming = opts.jsonl and amend is None   # a fleet judgement may change any result: held
+    started, clock = datetime.datetime.now(), time.monotonic()
+
+    def suite(results: Sequence[Result], not_run: Sequence[junit.NotRun] = ()) -> junit.Suite:
+        return junit.Suite(name=junit.suite_name(diagnostic), results=results, check=diagnostic,
+                           time_s=time.monotonic() - clock, started=started, not_run=not_run)
 
     def arrived(result: Result) -> None:
         if save is not None and amend is None:
             save_result(save, result)
         finished.append(result)
         progress.add(result)
+        if streaming:
+            jsonl.write_result(result, out)
 
     try:
         results = (fan_out or runner.run_many)(targets, job_for, parallel=parallel or runner.DEFAULT_PARALLEL,
@@ -249,16 +373,23 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     except KeyboardInterrupt as interrupt:   # Ctrl-C, or TERM/HUP (termination.Terminated)
         # run_many has closed every connection: the remote runtimes see stdin close and stop
         code = termination.exit_code_of(interrupt)
+        done = {r.target for r in finished}
+        # a Slurm login target's rows are its nodes: what did not finish is named by target
+        not_finished = sorted(t.name for t in targets if t.name not in done and t.slurm is None)
         if save is not None:
             if amend is not None:
                 for result in finished:
                     save_result(save, result)
-            done = {r.target for r in finished}
-            save_summary(save, list(finished), interrupted=sorted(
-                t.name for t in targets if t.name not in done and t.slurm is None),
-                interrupted_code=code)
-        raise termination.interrupted(interrupt, f"{len(finished)} of {len(targets)} targets "
-                                      "finished" + (f", saved in {opts.save}" if opts.save else ""))
+            save_summary(save, list(finished), interrupted=not_finished, interrupted_code=code)
+        failed = write_junit(report, [suite(finished, [junit.NotRun(
+            name, "interrupted", f"not finished: {termination.describe(interrupt)}", error=True)
+            for name in not_finished])])
+        if opts.jsonl:
+            _jsonl_after_interrupt(out, finished if not streaming else [], finished, diagnostic,
+                                   code, not_finished)
+        detail = f"{len(finished)} of {len(targets)} targets finished" + (
+            f", saved in {opts.save}" if opts.save else "")
+        raise termination.interrupted(interrupt, detail + (f"; {failed}" if failed else ""))
     finally:
         progress.done()
     if amend is not None:
@@ -269,7 +400,14 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
     if save is not None:
         save_summary(save, results)
         save.close()
-    if opts.json:
+    failed = write_junit(report, [suite(results)])
+    outcome = with_messages(Outcome(results, exit_code(results)), failed)
+    if opts.jsonl:
+        if not streaming:
+            for result in results:
+                jsonl.write_result(result, out)
+        jsonl.write_summary(results, out, diagnostic=diagnostic, code=outcome.exit_code)
+    elif opts.json:
         render.render_json(results, out)
     else:
         details = render.render_diff if opts.diff else after_table
@@ -280,7 +418,21 @@ def execute(opts: Options, job: JobSource, *, out: TextIO = None,
                             color=render.wants_color(out, no_color=opts.no_color),
                             streamed=streamed)
     out.flush()
-    return Outcome(results, exit_code(results))
+    return outcome
+
+
+def _jsonl_after_interrupt(out: TextIO, held: Sequence[Result], finished: Sequence[Result],
+                           diagnostic: str, code: int, not_finished: Sequence[str]) -> None:
+    """``--jsonl`` after Ctrl-C, TERM or HUP: the results held for a fleet judgement, as they
+    are, then the summary that says the run was cut short; a reader that has gone is no
+    reason to lose the interrupt."""
+    try:
+        for result in held:
+            jsonl.write_result(result, out)
+        jsonl.write_summary(finished, out, diagnostic=diagnostic, interrupted_code=code,
+                            not_finished=not_finished)
+    except (OSError, ValueError):
+        pass
 
 
 def internal_error(exc: BaseException) -> str:

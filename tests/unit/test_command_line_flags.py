@@ -282,7 +282,11 @@ Common options (every task):
   --hosts-file=FILE        the hosts file (default: the first of $MLDIAG_HOSTS_FILE, ./hosts.yaml,
                            $XDG_CONFIG_HOME/mldiag/hosts.yaml; `mldiag hosts` says which)
   --json                   print the result documents as JSON (nothing else on stdout)
+  --jsonl                  print each result as one JSON line as it arrives, then a summary line
+                           (JSON Lines, for pipelines; nothing else on stdout)
   --save=DIR               directory to write one JSON file per target plus summary.json
+  --junit=FILE             also write a JUnit XML report to FILE (one testsuite per diagnostic, one
+                           testcase per target and check), for CI test reports
   --parallel=N             targets run at once (default 32)
   --timeout=SECONDS        seconds the diagnostic may run on the target (default: hosts.yaml's, 300)
   --keep-remote            keep the remote temp dir for debugging (its path is in the result's data)
@@ -353,7 +357,11 @@ Common options:
   --hosts-file=FILE        the hosts file (default: the first of $MLDIAG_HOSTS_FILE, ./hosts.yaml,
                            $XDG_CONFIG_HOME/mldiag/hosts.yaml; `mldiag hosts` says which)
   --json                   print the result documents as JSON (nothing else on stdout)
+  --jsonl                  print each result as one JSON line as it arrives, then a summary line
+                           (JSON Lines, for pipelines; nothing else on stdout)
   --save=DIR               directory to write one JSON file per target plus summary.json
+  --junit=FILE             also write a JUnit XML report to FILE (one testsuite per diagnostic, one
+                           testcase per target and check), for CI test reports
   --parallel=N             targets run at once (default 32)
   --timeout=SECONDS        seconds the diagnostic may run on the target (default: hosts.yaml's, 300)
   --keep-remote            keep the remote temp dir for debugging (its path is in the result's data)
