@@ -19,8 +19,10 @@ hugepages-exhausted     warn   monitor   HugePages_Total > 0 and HugePages_Free 
 clock-unsynced          warn   monitor   timedatectl says NTPSynchronized=no, or chronyc
                                          tracking says "Not synchronised" (NCCL timeouts and
                                          cross-node log order suffer)
-stuck-gpu-holder        fail   reboot    a process in D state (twice, STUCK_RECHECK_S apart)
-                                         with /dev/nvidia* open: its GPUs cannot be reset
+stuck-gpu-holder        fail   reboot    a process with a thread in D state (twice,
+                                         STUCK_RECHECK_S apart) and /dev/nvidia* open -- a
+                                         zombie whose live thread holds them too: its GPUs
+                                         cannot be reset
 stuck-processes         warn   monitor   processes in D state (twice) holding no GPU
 mount-hung              fail   drain     a network filesystem (nfs, lustre, cifs, fuse, ...)
                                          whose stat did not return within MOUNT_TIMEOUT_S
@@ -126,7 +128,11 @@ def _state(proc, pid):
 
 
 def d_state(proc="/proc"):
-    """{pid: command name} of the processes in uninterruptible sleep (D) now."""
+    """{pid: (command name, the thread in D, the leader's state)} of the processes with a thread
+    in uninterruptible sleep (D) now. Every thread is looked at, not only the leader: a CUDA
+    thread stuck in the driver while the main thread waits, or a zombie whose main thread has
+    exited while another still holds the GPU (the zombie's own fd table is gone; the live
+    thread's is not)."""
     out = {}
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()][:MAX_PROCESSES]
@@ -135,13 +141,30 @@ def d_state(proc="/proc"):
     for pid in pids:
         state, name = _state(proc, pid)
         if state == "D":
-            out[pid] = name
+            out[pid] = (name, pid, state)
+            continue
+        try:
+            tids = [t for t in os.listdir(os.path.join(proc, pid, "task")) if t.isdigit() and t != pid]
+        except OSError:
+            continue
+        for tid in tids[:4096]:
+            if _state(os.path.join(proc, pid, "task"), tid)[0] == "D":
+                out[pid] = (name, tid, state)
+                break
     return out
 
 
-def gpu_files(proc, pid):
-    """The /dev/nvidia* files the process holds open (fd links)."""
-    return sorted(t for t in _remote.fd_targets(pid, proc) if t.startswith("/dev/nvidia"))
+def gpu_files(proc, pid, tid=None):
+    """The /dev/nvidia* files the process holds open (fd links; through the thread ``tid``'s
+    view, which a zombie leader no longer has)."""
+    where = pid if tid in (None, pid) else os.path.join(pid, "task", tid)
+    return sorted(t for t in _remote.fd_targets(where, proc) if t.startswith("/dev/nvidia"))
+
+
+def _who(pid, name, tid, leader):
+    if tid == pid:
+        return "pid %s (%s)" % (pid, name)
+    return "pid %s (%s%s, thread %s)" % (pid, name, ", a zombie" if leader == "Z" else "", tid)
 
 
 def persistenced_running(proc="/proc"):
@@ -284,21 +307,22 @@ def check(expect, run_tool, **options):
     first = d_state(proc)
     if first:
         time.sleep(options.get("stuck_recheck", STUCK_RECHECK_S))
-        stuck = dict((pid, name) for pid, name in d_state(proc).items() if pid in first)
-        holders = [(pid, name, gpu_files(proc, pid)) for pid, name in sorted(stuck.items(), key=lambda x: int(x[0]))]
-        on_gpu = [h for h in holders if h[2]]
+        stuck = dict((pid, seen) for pid, seen in d_state(proc).items() if pid in first)
+        holders = [(_who(pid, *seen), gpu_files(proc, pid, seen[1]))
+                   for pid, seen in sorted(stuck.items(), key=lambda x: int(x[0]))]
+        on_gpu = [h for h in holders if h[1]]
         if on_gpu:
             findings.append(finding(
                 "fail", "stuck-gpu-holder", "%d process(es) stuck in D state holding GPUs: %s" % (
-                    len(on_gpu), "; ".join("pid %s (%s) %s" % (pid, name, ",".join(files[:4]))
-                                           for pid, name, files in on_gpu[:8])), "reboot",
+                    len(on_gpu), "; ".join("%s %s" % (who, ",".join(files[:4])) for who, files in on_gpu[:8])),
+                "reboot",
                 hint="a process the kernel holds cannot be killed; its GPUs cannot be reset until the "
                      "node reboots"))
-        rest = [h for h in holders if not h[2]]
+        rest = [who for who, files in holders if not files]
         if rest:
             findings.append(finding(
                 "warn", "stuck-processes", "%d process(es) stuck in D state: %s" % (
-                    len(rest), ", ".join("pid %s (%s)" % (pid, name) for pid, name, _ in rest[:8])), "monitor",
+                    len(rest), ", ".join(rest[:8])), "monitor",
                 hint="usually storage: a hung network filesystem or a dying disk (see mount-hung, the "
                      "kernel log)"))
 

@@ -233,3 +233,45 @@ def test_network_mounts_are_read_from_proc_mounts(tmp_path):
         "lustre@o2ib:/fs /lustre lustre rw 0 0\n")
     assert host.network_mounts(str(tmp_path)) == [("/mnt/ckpt", "nfs4"), ("/mnt/my data", "fuse.s3fs"),
                                                    ("/lustre", "lustre")]
+
+
+ZOMBIE_ON_GPU = ('mount -t tmpfs mldiag-test-dev /dev && : > /dev/nvidia0 && exec "$0" -c "$1" "$2"')
+ZOMBIE = textwrap.dedent('''
+    import ctypes, os, sys, threading
+    ready = threading.Event()
+
+    def hold():
+        fd = os.open("/dev/nvidia0", os.O_RDONLY)
+        ready.set()
+        os.stat(sys.argv[1])         # stuck: the FUSE server never answers
+
+    threading.Thread(target=hold).start()
+    ready.wait()
+    print("holding", flush=True)
+    ctypes.CDLL(None).pthread_exit(None)     # the main thread ends: the process is a zombie
+''')
+
+
+@root_only
+def test_a_zombie_whose_live_thread_holds_the_gpu(tmp_path):
+    """The main thread exited (pthread_exit): the process is a zombie (Z), its fd table gone
+    from /proc/PID/fd; its other thread, stuck in D on a hung mount, still holds /dev/nvidia0
+    (seen through /proc/PID/task/TID/fd). node-check names the process, the thread and the GPU."""
+    with hung_fuse(tmp_path / "mnt") as mnt:
+        zombie = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", ZOMBIE_ON_GPU,
+                                   sys.executable, ZOMBIE, str(mnt / "ckpt")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert zombie.stdout.readline().strip() == "holding"
+            pid = str(zombie.pid)
+            end = time.monotonic() + 10
+            while (host.d_state().get(pid) or (None, None, None))[2] != "Z" and time.monotonic() < end:
+                time.sleep(0.1)
+            name, tid, leader = host.d_state()[pid]
+            assert leader == "Z" and tid != pid
+            assert host.gpu_files("/proc", pid) == [] and host.gpu_files("/proc", pid, tid) == ["/dev/nvidia0"]
+            got = run_host(mount_timeout=1.0, stuck_recheck=0.2, shm_path="/nonexistent")
+        finally:
+            zombie.kill()
+    zombie.wait(timeout=10)
+    (gpu,) = [f for f in got["findings"] if f["code"] == "stuck-gpu-holder"]
+    assert f"pid {pid} ({name}, a zombie, thread {tid}) /dev/nvidia0" in gpu["message"], gpu["message"]
