@@ -58,8 +58,12 @@ def dcgm_level_timeouts() -> Dict[int, float]:
 
 
 def _node_check_timeout(values: Values) -> Optional[float]:
-    """The job gets a minute more than dcgmi diag's level needs, for the rest of node-check."""
-    level = values.get("dcgm-level")
+    """The job gets a minute more than dcgmi diag's level needs, for the rest of node-check;
+    with --budget, the budget and 15 s for the interpreter and the bundle (the script ends its
+    own checks at the budget)."""
+    level, budget = values.get("dcgm-level"), values.get("budget")
+    if budget:
+        return float(budget) + 15.0
     if not level or values.get("no-dcgm"):
         return None
     return dcgm_level_timeouts()[int(level)] + 60.0
@@ -273,6 +277,10 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                            "takes minutes, 3 about 15: the timeout rises to match, to 1 h)",
              choices=("1", "2", "3"), metavar="LEVEL"),
          Arg("no-dcgm", "do not run dcgmi diag even where it is installed", kind="bool"),
+         Arg("budget", "seconds the whole check may take on the node, hung tools included: "
+                       "each tool call gets a sixth, the checks still running at the end are "
+                       "check-hung (default 60, or dcgmi's level time + 60)", kind="int",
+             metavar="SECONDS"),
          Arg("save-baseline", "save each node's facts (driver, CUDA, VBIOS, GPUs, NVLinks, PCIe, "
                               "IB ports, firmware) to FILE, for a later --baseline",
              kind="file", client=True,

@@ -79,11 +79,13 @@ def build_parser():
     p.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), metavar="LEVEL",
                    help="dcgmi diag run level (default 1 where dcgmi is installed)")
     p.add_argument("--no-dcgm", action="store_true", help="do not run dcgmi diag")
-    p.add_argument("--tool-timeout", type=float, default=DEFAULT_TOOL_TIMEOUT, metavar="S",
-                   help="seconds each tool call may take (default %(default)s)")
+    p.add_argument("--tool-timeout", type=float, metavar="S",
+                   help="seconds each tool call may take (default %g, or a sixth of --budget "
+                        "when that is less)" % DEFAULT_TOOL_TIMEOUT)
     p.add_argument("--budget", type=float, metavar="S",
-                   help="seconds all checks together may take before the unfinished ones are "
-                        "reported as hung (default 60, or dcgm's level time + 60)")
+                   help="seconds the whole run may take, from its start, before the checks "
+                        "still running are reported as hung (default 60, or dcgm's level "
+                        "time + 60)")
     p.add_argument("--only", metavar="LIST", help="run only these checks (comma list of %s)"
                    % ",".join(CHECKS))
     return p
@@ -417,7 +419,17 @@ def dcgm_budget(level):
     return max(DEFAULT_BUDGET, dcgm.timeout_for(level) + 60.0) if dcgm else DEFAULT_BUDGET
 
 
+def tool_timeout_for(given, budget):
+    """Each tool call's timeout: ``--tool-timeout`` when given, else the default, lowered to a
+    sixth of a ``--budget`` given below six times it (a Slurm health check's 30 s: 5 s each),
+    so that a hung nvidia-smi and a hung kernel-log reader still leave the checks their time."""
+    if given:
+        return given
+    return max(1.0, min(DEFAULT_TOOL_TIMEOUT, budget / 6.0)) if budget else DEFAULT_TOOL_TIMEOUT
+
+
 def run(args):
+    started = time.monotonic()
     expect = parse_expect(args.expect)
     run_tool = ToolRunner()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CHECKS)
@@ -426,6 +438,7 @@ def run(args):
     if args.no_dcgm and "dcgm" in names:
         names.remove("dcgm")
     budget = args.budget or dcgm_budget(dcgm_level)
+    args.tool_timeout = tool_timeout_for(args.tool_timeout, args.budget)
 
     gpus, findings, inventory_note = inventory(run_tool, args.tool_timeout)
     count = gpu_count_finding(gpus, expect)
@@ -441,7 +454,9 @@ def run(args):
                # the fabric manager's log is read over the same window as the kernel's
                "log_since": time.time() - span if span is not None else None,
                "under_load": False}
-    more, check_facts, checks, check_data = run_checks(names, expect, run_tool, options, budget)
+    # the budget counts from the start: what the inventory and the kernel log took is spent
+    left = max(1.0, budget - (time.monotonic() - started))
+    more, check_facts, checks, check_data = run_checks(names, expect, run_tool, options, left)
     findings.extend(more)
     facts.update(check_facts)
 

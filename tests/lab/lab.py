@@ -134,6 +134,7 @@ class Lab:
         self.fleetnet: Optional[netns.FleetNet] = None
         self._fleet_lock = threading.Lock()
         self.fleet_cluster: Optional[slurm.SlurmCluster] = None
+        self.own_clusters: Dict[str, slurm.SlurmCluster] = {}   # own_slurm(): a test's cluster
         self.podman: Optional[Podman] = None
         self.ct_running, self.ct_stopped, self.podbox = CT_RUNNING, CT_STOPPED, PODBOX
         self.venv_python = f"{VENV}/bin/python"
@@ -515,6 +516,30 @@ class Lab:
                     self._write_state()
             return self.fleet_cluster
 
+    def own_slurm(self, name: str, nodes, extra_conf=(), node_binds=None, also_visible=(),
+                  ready=("idle",)) -> slurm.SlurmCluster:
+        """A Slurm cluster of a test's own (a slurm.conf with lines no other test wants, such as
+        HealthCheckProgram=), on this machine's network like the main one, started now and
+        torn down with the lab or by ``stop_own_slurm``. ``node_binds``: {node: [(directory,
+        path on the node)]}."""
+        self.need("slurm")
+        cluster = slurm.SlurmCluster(self.dir / f"slurm-{name}", visible_root=self.root, nodes=nodes,
+                                     also_visible=[Path(sys.prefix), *also_visible],
+                                     extra_conf=extra_conf, node_binds=node_binds)
+        self.own_clusters[name] = cluster
+        self._write_state()
+        try:
+            cluster.start(ready=ready)
+        finally:
+            self._write_state()
+        return cluster
+
+    def stop_own_slurm(self, name: str) -> None:
+        cluster = self.own_clusters.pop(name, None)
+        if cluster is not None:
+            cluster.stop()
+            self._write_state()
+
     def slow_fleet_link(self, node: int, rate: str = "50mbit") -> None:
         """Fleet node ``node`` (0-based) gets a slow link: ``rate``, both directions. 50 Mbit/s:
         the unslowed pairs' gloo all-reduce is CPU-bound on a busy 2-core machine, 0.07-0.29 GB/s
@@ -697,6 +722,8 @@ class Lab:
                 self.slurm.stop()
             if self.fleet_cluster:
                 self.fleet_cluster.stop()
+            for cluster in list(self.own_clusters.values()):
+                cluster.stop()
             teardown_state(self._state(), remove_dir=True)
         finally:
             if self._machine_lock is not None:
@@ -714,6 +741,7 @@ class Lab:
             "fleetnet": self.fleetnet.__dict__ if self.fleetnet else None,
             "slurm": self.slurm.state() if self.slurm else None,
             "fleet_slurm": self.fleet_cluster.state() if self.fleet_cluster else None,
+            "own_slurm": [c.state() for c in list(self.own_clusters.values())],
         }
 
     def _write_state(self) -> None:
@@ -759,9 +787,10 @@ def teardown_state(state: dict, remove_dir: bool) -> None:
     """Undo a session from its state.json: containers, podman, netns, global files, dir.
     Never raises: it also cleans up after a crashed session."""
     d = Path(state["dir"])
-    for cluster in ("slurm", "fleet_slurm"):  # first: their nodes' namespaces hold copies of the other parts' mounts
-        if state.get(cluster):
-            slurm.teardown(state[cluster])
+    # first: their nodes' namespaces hold copies of the other parts' mounts
+    for cluster in [state.get("slurm"), state.get("fleet_slurm"), *(state.get("own_slurm") or [])]:
+        if cluster:
+            slurm.teardown(cluster)
     lxc_path = Path(state["lxc_path"])
     for vmid in state.get("vmids", []):
         if (lxc_path / str(vmid) / "config").exists():

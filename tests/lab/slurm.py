@@ -61,8 +61,13 @@ class SlurmCluster:
 
     def __init__(self, dir: Path, visible_root: Optional[Path] = None, nodes=NODES, also_visible=(),
                  node_netns: Optional[Dict[str, str]] = None, node_addrs: Optional[Dict[str, str]] = None,
-                 ctld_addr: Optional[str] = None):
+                 ctld_addr: Optional[str] = None, extra_conf=(),
+                 node_binds: Optional[Dict[str, List[Tuple[Path, str]]]] = None):
         self.dir = Path(dir)
+        # slurm.conf lines of a cluster's own (HealthCheckProgram=, Prolog=), and per node
+        # directories bound at a path of the node's own (its /etc/slurm, /usr/local/bin)
+        self.extra_conf = tuple(extra_conf)
+        self.node_binds = {node: list(pairs) for node, pairs in (node_binds or {}).items()}
         # a cluster on a network of its own (lab.fleet_slurm()): each slurmd in a network
         # namespace (node -> `ip netns` name) at its address there, slurmctld reached at
         # ctld_addr (this machine's end of that network); default: all on this machine's
@@ -191,6 +196,7 @@ class SlurmCluster:
             host, addr = (node, self.node_addrs[node]) if node in self.node_addrs else ("localhost", "127.0.0.1")
             lines.append(f"NodeName={node} NodeHostname={host} NodeAddr={addr} "
                          f"Port={self.node_ports[node]} CPUs={CPUS_PER_NODE} RealMemory=1000{gres}")
+        lines.extend(self.extra_conf)
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         lines.append("PartitionName=gpu Nodes=ALL Default=NO MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
@@ -245,6 +251,7 @@ class SlurmCluster:
 
     def _start_node(self, node: str) -> None:
         binds = [str(p) for d, rel in self._bound() for p in (d, self.node_tmp_dir(node) / rel)]
+        binds += [str(p) for src, dst in self.node_binds.get(node, ()) for p in (src, dst)]
         # nsenter, not `ip netns exec`: that one remounts /sys, and slurmd wants /sys/fs/cgroup
         network = ["nsenter", f"--net=/run/netns/{self.node_netns[node]}"] if node in self.node_netns else []
         argv = network + ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_SH, "sh",
@@ -290,21 +297,22 @@ class SlurmCluster:
         except LabError as e:
             raise LabError(f"{e} (sinfo: {seen})") from None
 
-    def start(self, timeout: float = 30) -> None:
-        """Start munged, slurmctld and the slurmds; return when every node is idle."""
+    def start(self, timeout: float = 30, ready=("idle",)) -> None:
+        """Start munged, slurmctld and the slurmds; return when every node is idle (or in one
+        of ``ready``: a HealthCheckProgram may drain a node before it registers)."""
         self.prepare()
         for attempt in range(3):
             self._pick_ports()
             self.write_config()
             try:
-                self._start(timeout)
+                self._start(timeout, ready)
                 return
             except LabError as e:
                 if "Address already in use" not in str(e) or attempt == 2:
                     raise
                 self.stop()
 
-    def _start(self, timeout: float) -> None:
+    def _start(self, timeout: float, ready=("idle",)) -> None:
         t = time.monotonic()
         if self._munged is None or self._munged.poll() is not None:
             self._start_munged()
@@ -321,7 +329,7 @@ class SlurmCluster:
         t = time.monotonic()
         for node in self.nodes:
             self._start_node(node)
-        self.wait_idle(timeout=timeout)
+        self.wait_idle(timeout=timeout, states=ready)
         self.timings["slurmd"] = round(time.monotonic() - t, 3)
 
     # ------------------------------------------------------------------ faults

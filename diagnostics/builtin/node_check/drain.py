@@ -167,19 +167,24 @@ def plan(results: Sequence[Result], targets: Sequence[Target],
                    if slurm_login else "not a Slurm node")
             steps.append(DrainStep(r.target, "skip", why=why))
             continue
-        worst = worst_action(r)
-        if r.status == "error":
-            layer = r.error.layer if r.error else "error"
-            steps.append(DrainStep(r.target, "keep", login, node, why=f"not checked ({layer})"))
-        elif action_rank(worst) >= DRAIN_RANK:
-            steps.append(DrainStep(r.target, "drain", login, node,
-                                   codes=tuple(drain_codes(r)), when=when))
-        elif r.status in ("ok", "warn"):
-            steps.append(DrainStep(r.target, "resume", login, node))
-        else:
-            steps.append(DrainStep(r.target, "keep", login, node,
-                                   why=f"still failing (worst action {worst})"))
+        steps.append(step_for(r, login, node, when))
     return steps
+
+
+def step_for(result: Result, login: Target, node: str, when: str) -> DrainStep:
+    """What mldiag wants for the Slurm node ``node`` given its result (the rule of the module
+    docstring; node-check's rows and the node-local health check alike)."""
+    worst = worst_action(result)
+    if result.status == "error":
+        layer = result.error.layer if result.error else "error"
+        return DrainStep(result.target, "keep", login, node, why=f"not checked ({layer})")
+    if action_rank(worst) >= DRAIN_RANK:
+        return DrainStep(result.target, "drain", login, node, codes=tuple(drain_codes(result)),
+                         when=when)
+    if result.status in ("ok", "warn"):
+        return DrainStep(result.target, "resume", login, node)
+    return DrainStep(result.target, "keep", login, node,
+                     why=f"still failing (worst action {worst})")
 
 
 # ------------------------------------------------------------------ Slurm's answer (pure)
@@ -530,7 +535,8 @@ def lines(outcomes: Sequence[DrainOutcome]) -> List[str]:
             skipped.setdefault(o.message, []).append(o.target)
         else:
             out.append(outcome_line(o, o.target, f" (now State={o.after.state})" if o.after else ""))
-    nothing = not any(o.command for o in outcomes) and any(
+    # NOTE: a login host that did not answer is not "nothing to do": its error line says so
+    nothing = not any(o.command for o in outcomes) and not failed(outcomes) and any(
         o.status not in ("skipped",) for o in outcomes)
     return framed(out, skipped, "Slurm: nothing to drain or resume" if nothing else None)
 

@@ -141,10 +141,10 @@ def finish(opts: engine.Options, outcome: Outcome, save_baseline: Optional[str],
     results = outcome.results
     problems = []
     if save_baseline:
-        problems.append(_written("--save-baseline", save_baseline,
+        problems.append(write_output("--save-baseline", save_baseline,
                                  lambda: baseline_mod.save(save_baseline, results)))
     if prom:
-        problems.append(_written("--prom", prom, lambda: prom_mod.write(prom, results)))
+        problems.append(write_output("--prom", prom, lambda: prom_mod.write(prom, results)))
     problems = [problem for problem in problems if problem]
     outcome = slurm(opts, outcome, drain=drain, undrain=undrain, out=out, opened=opened,
                     closed=closed, in_window=in_window)
@@ -156,7 +156,7 @@ def finish(opts: engine.Options, outcome: Outcome, save_baseline: Optional[str],
                    outcome.messages + tuple(message for _, message in problems))
 
 
-def _written(flag: str, path: str, write: Callable[[], None]) -> Optional[Tuple[int, str]]:
+def write_output(flag: str, path: str, write: Callable[[], None]) -> Optional[Tuple[int, str]]:
     """Run ``write()``; (exit code, a message naming ``flag`` and ``path``) when it failed,
     else None. Any failure: a file the system refuses (a directory in the way, a full disk) or
     a value the writer cannot take, which is a bug of ours (named so, its traceback saved)."""
