@@ -88,7 +88,7 @@ def test_the_slurm_node_with_the_slow_link_is_named_in_two_passes(lab, fleet_clu
     lab.slow_fleet_link(4)
     try:
         r = mldiag("nccl-check", "--hosts-file", hosts, "-H", "fleet", "--pairs", "--json", "--max-bytes",
-                   str(4 * 2 ** 20), "--iters", "2", "--budget", "90", "--fleet-pct", "25", "--valid-for", "0",
+                   str(2 ** 20), "--iters", "2", "--budget", "90", "--fleet-pct", "25", "--valid-for", "0",
                    env={"SLURM_CONF": str(cluster.conf)}, timeout=600)
     finally:
         lab.restore_fleet_link(4)
