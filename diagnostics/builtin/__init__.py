@@ -300,7 +300,7 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
              kind="file", client=True,
              not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="prom FILE"))),
         companions=("kernel_log.py", "xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py",
-                    "ib.py", "dcgm.py", "host_checks.py"),
+                    "ib.py", "dcgm.py", "host_checks.py", "gpu_host.py"),
         target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
         judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
     DiagnosticSpec(

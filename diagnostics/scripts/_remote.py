@@ -13,6 +13,9 @@ A team's diagnostic may import it too (docs/extending.md).
 - ``fmt_indices``: GPU indices as a person reads them (``GPUs 0-2,5``); ``pci_key``: one key
   for a PCI address however nvidia-smi or the kernel log wrote it;
 - ``read_text``: a sysfs file's text;
+- ``container_kind``: whether this process runs inside a container, and which kind;
+  ``pid_environ``: a process's environment as it was exec'd (``/proc/PID/environ``);
+  ``process_running``: whether a process of a given program name runs (nvidia-persistenced);
 - ``check_finding``, ``fold_gpus``: a node-check check's finding, and those that say the same
   about several GPUs made one; ``merge_folds``: findings that differ in the device they name
   alone made one (gpu-status, pcie, ib word the merged one again);
@@ -149,6 +152,66 @@ def read_text(path):
             return fh.read().strip()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def pid_environ(pid, proc="/proc"):
+    """{name: value} of process ``pid``'s environment at exec (``/proc/PID/environ``: later
+    changes are not seen); None when it cannot be read (another user's process, no such pid)."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as fh:
+            raw = fh.read(1 << 20)
+    except OSError:
+        return None
+    out = {}
+    for item in raw.decode("utf-8", "replace").split("\0"):
+        name, sep, value = item.partition("=")
+        if sep and name:
+            out.setdefault(name, value)
+    return out
+
+
+COMM_LEN = 15   # the kernel keeps a command name to TASK_COMM_LEN - 1 bytes in /proc/PID/comm
+
+
+def process_running(name, proc="/proc", limit=100000):
+    """Whether a process whose program is ``name`` runs (as far as this /proc shows). Its comm is
+    the name cut to 15 bytes ("nvidia-persiste" for nvidia-persistenced), so a match there is
+    confirmed by the basename of its argv[0]."""
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()][:limit]
+    except OSError:
+        return False
+    for pid in pids:
+        if read_text(os.path.join(proc, pid, "comm")) != name[:COMM_LEN]:
+            continue
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as fh:
+                argv0 = fh.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace")
+        except OSError:
+            continue
+        if os.path.basename(argv0) == name:
+            return True
+    return False
+
+
+def container_kind(proc="/proc"):
+    """docker, podman, lxc, kubernetes, ... or None (not inside a container, as far as we can
+    tell): the files the runtimes leave (/.dockerenv, /run/.containerenv), then ``container=``
+    in this process's or PID 1's environment (LXC, systemd-nspawn and podman set it for the
+    container's init), then PID 1's cgroup path."""
+    if os.path.exists("/.dockerenv"):
+        return "docker"
+    if os.path.exists("/run/.containerenv"):
+        return "podman"
+    kind = os.environ.get("container") or (pid_environ(1, proc) or {}).get("container")
+    if kind:
+        return kind
+    cgroup = read_text(os.path.join(proc, "1", "cgroup")) or ""
+    for word, name in (("kubepods", "kubernetes"), ("docker", "docker"), ("lxc", "lxc"),
+                       ("libpod", "podman")):
+        if word in cgroup:
+            return name
+    return None
 
 
 def merge_folds(findings):

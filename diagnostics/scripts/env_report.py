@@ -190,31 +190,8 @@ def os_info() -> dict:
         "arch": platform.machine(),
         "libc": libc,
         "hostname": socket.gethostname(),
-        "container": container_kind(),
+        "container": _remote.container_kind(),
     }
-
-
-def container_kind():
-    """docker, podman, lxc, kubernetes, ... or None (not inside a container, as far as we can tell)."""
-    if os.path.exists("/.dockerenv"):
-        return "docker"
-    if os.path.exists("/run/.containerenv"):
-        return "podman"
-    kind = os.environ.get("container")
-    if not kind:
-        env1 = _read("/proc/1/environ")
-        if env1:
-            for item in env1.split("\0"):
-                if item.startswith("container="):
-                    kind = item.split("=", 1)[1]
-    if kind:
-        return kind
-    cgroup = _read("/proc/1/cgroup") or ""
-    for word, name in (("kubepods", "kubernetes"), ("docker", "docker"), ("lxc", "lxc"),
-                       ("libpod", "podman")):
-        if word in cgroup:
-            return name
-    return None
 
 
 def python_info() -> dict:

@@ -17,6 +17,9 @@ sys.path; by hand, copy them next to it):
     host_checks.py               what breaks training silently: /dev/shm, memlock, huge
                                  pages, clock sync, stuck GPU holders, hung network mounts,
                                  GPUDirect RDMA (check "host")
+    gpu_host.py                  GPU memory held by no live process, persistence mode with
+                                 no daemon, inside a container the GPUs given against those
+                                 there (check "gpu-host")
 
 Each module's ``check(expect, run_tool, **options)`` returns ``{"findings", "facts"}``
 (and optionally ``"data"``). This file inventories the GPUs with one nvidia-smi call, reads
@@ -47,9 +50,9 @@ import traceback
 import _remote
 from _remote import ACTIONS
 
-CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host")
-# A check's module file, where its name would shadow a well-known package.
-MODULE_OF = {"fabric": "nvfabric", "host": "host_checks"}
+CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host", "gpu-host")
+# A check's module file, where its name would shadow a well-known package (or is no identifier).
+MODULE_OF = {"fabric": "nvfabric", "host": "host_checks", "gpu-host": "gpu_host"}
 EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
 # where drivers and DCGM put their tools when PATH (a container's, sudo's secure_path) lacks them
 EXTRA_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",

@@ -37,9 +37,25 @@ pcie-link-down        fail   reboot    current link width 0 (the device is not o
 pcie-aer-fatal        fail   reboot    fatal uncorrectable AER errors counted since boot
 pcie-aer-nonfatal     warn   monitor   non-fatal uncorrectable AER errors
 pcie-aer-correctable  warn   monitor   correctable AER errors at or above AER_CORRECTABLE_THRESHOLD
+pcie-acs-redirect     warn   monitor   RDMA devices present, and a PCIe switch port between a GPU
+                                       and a NIC behind the same switch has ACS P2P Request or
+                                       Completion Redirect on: GPUDirect RDMA traffic goes up to
+                                       the root complex instead of across the switch (NCCL's docs:
+                                       slow, or a hang)
+pcie-acs-unread       info   none      the same GPU/NIC pairs, but the bridges' config space past
+                                       its first 64 bytes is root's alone: ACS not read
 ====================  =====  ========  ==========================================================
 
-Facts (configuration only, no counters): ``pcie.gpuN.width``, ``pcie.gpuN.max_width``,
+ACS (Access Control Services): the PCIe extended capability 0x000D in each bridge's config space
+(sysfs ``config``; its control register at +6: bit 2 P2P Request Redirect, bit 3 P2P Completion
+Redirect), on the bridges below the lowest one a GPU and a NIC share (the switch's downstream
+ports they sit behind); a GPU and a NIC that share no switch talk through the root complex
+anyway. ``lspci -vvv``'s ``ACSCtl:`` lines (``ReqRedir+``/``CmpltRedir+``) and its bridges'
+``Bus: primary=, secondary=, subordinate=`` give the same (``acs_from_lspci``), for a caller
+with a recorded lspci.
+
+Facts (configuration only, no counters): ``pcie.acs_redirect_ports`` (switch ports between a
+GPU and a NIC with ACS redirect on, where read), ``pcie.gpuN.width``, ``pcie.gpuN.max_width``,
 ``pcie.gpuN.max_gen``, and ``pcie.gpuN.gen`` only with ``under_load`` (an idle GPU's current
 generation changes from one second to the next and would make every baseline differ); NICs (and
 GPUs nvidia-smi did not list) as ``pcie.<bdf>.width``, ``.max_width``, ``.gen``, ``.max_gen``.
@@ -271,6 +287,158 @@ def devices_from_lspci(text):
     return out
 
 
+# --------------------------------------------------------------------------- ACS
+
+ACS_CAP_ID = 0x000D
+ACS_BITS = (("SrcValid", 0), ("TransBlk", 1), ("ReqRedir", 2), ("CmpltRedir", 3),
+            ("UpstreamFwd", 4), ("EgressCtrl", 5), ("DirectTrans", 6))
+REDIRECT = ("ReqRedir", "CmpltRedir")
+EXT_CAP_START, CONFIG_SIZE = 0x100, 4096
+
+
+def acs_control(config):
+    """The ACS control register of a device's config space (``config``: bytes, as sysfs's
+    ``config`` file reads) as {flag: bool}; {} when the device has no ACS capability; None when
+    the extended space is not there to read (a non-root reader gets the first 64 bytes only)."""
+    if config is None or len(config) < EXT_CAP_START + 8:
+        return None
+    offset, seen = EXT_CAP_START, set()
+    while EXT_CAP_START <= offset <= CONFIG_SIZE - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header in (0, 0xffffffff):
+            return {}
+        if header & 0xffff == ACS_CAP_ID:
+            ctl = int.from_bytes(config[offset + 6:offset + 8], "little")
+            return dict((name, bool(ctl >> bit & 1)) for name, bit in ACS_BITS)
+        offset = (header >> 20) & 0xffc
+    return {}
+
+
+def _read_config(devdir):
+    try:
+        with open(os.path.join(devdir, "config"), "rb") as fh:
+            return fh.read(CONFIG_SIZE)
+    except OSError:
+        return None
+
+
+def sysfs_topology(devices, sys_root="/sys"):
+    """({bdf: [the bridges above it, the root port first]}, {bridge bdf: acs_control()}) for
+    ``devices`` (read_devices), from each device's place under /sys/devices (its realpath)."""
+    chains, acs = {}, {}
+    base = os.path.join(sys_root, "bus", "pci", "devices")
+    for dev in devices:
+        real = os.path.realpath(os.path.join(base, dev["bdf"]))
+        parts = real.split(os.sep)
+        bridges = [p for p in parts[:-1] if _BDF.match(p)]
+        chains[dev["bdf"]] = bridges
+        path = real
+        for _ in bridges:
+            path = os.path.dirname(path)
+            name = os.path.basename(path)
+            if name not in acs:
+                acs[name] = acs_control(_read_config(path))
+    return chains, acs
+
+
+_BUS_LINE = re.compile(r"^\s+Bus: primary=([0-9a-fA-F]+), secondary=([0-9a-fA-F]+), "
+                       r"subordinate=([0-9a-fA-F]+)")
+_FLAG = re.compile(r"(\w+)([+-])")
+
+
+def lspci_topology(text):
+    """``lspci -vvv``'s bridges -> ({bdf: [the bridges above it, top first]} for every device,
+    {bridge bdf: ACSCtl flags, or {} without an ACSCtl line}). A device's parent is the bridge
+    whose secondary bus is its bus (same PCI domain)."""
+    heads, secondary, acs = [], {}, {}
+    cur = None
+    for line in (text or "").splitlines():
+        m = _LSPCI_HEAD.match(line)
+        if m:
+            bdf = m.group(1).lower()
+            cur = bdf if bdf.count(":") == 2 else "0000:" + bdf
+            heads.append(cur)
+            continue
+        if cur is None:
+            continue
+        b = _BUS_LINE.match(line)
+        if b:
+            secondary[(cur[:4], int(b.group(2), 16))] = cur
+            acs.setdefault(cur, {})
+        elif line.strip().startswith("ACSCtl:"):
+            acs[cur] = dict((k, v == "+") for k, v in _FLAG.findall(line.split(":", 1)[1]))
+    chains = {}
+    for bdf in heads:
+        chain, at = [], bdf
+        while len(chain) < 16:
+            parent = secondary.get((at[:4], int(at[5:7], 16)))
+            if parent is None or parent == at:
+                break
+            chain.insert(0, parent)
+            at = parent
+        chains[bdf] = chain
+    return chains, dict((k, v) for k, v in acs.items() if k in secondary.values())
+
+
+def assess_acs(devices, chains, acs):
+    """(findings, facts) of ACS redirect between each GPU and each NIC that share a switch:
+    the bridges below the lowest one they share (the ports the peer traffic crosses)."""
+    gpus = [d for d in devices if d["kind"] == "gpu"]
+    nics = [d for d in devices if d["kind"] == "nic"]
+    on, unread = {}, []
+    for g in gpus:
+        for n in nics:
+            a, b = chains.get(g["bdf"]) or [], chains.get(n["bdf"]) or []
+            shared = 0
+            while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+                shared += 1
+            if not shared:
+                continue                  # no common bridge: through the root complex anyway
+            for bridge in a[shared:] + b[shared:]:
+                flags = acs.get(bridge)
+                if flags is None:
+                    unread.append((g, n))
+                elif any(flags.get(k) for k in REDIRECT):
+                    on.setdefault(bridge, (flags, []))[1].append((g, n))
+    findings, facts = [], {}
+    if on:
+        facts["pcie.acs_redirect_ports"] = len(on)
+        for bridge, (flags, pairs) in sorted(on.items()):
+            gpu_ids = sorted(set(g["gpu_index"] for g, _ in pairs if g.get("gpu_index") is not None))
+            what = sorted(set(_label(g) if g.get("gpu_index") is None else "GPU %d" % g["gpu_index"]
+                              for g, _ in pairs))
+            nic_bdfs = sorted(set(n["bdf"] for _, n in pairs))
+            findings.append(finding(
+                "warn", "pcie-acs-redirect", "PCIe switch port %s has ACS %s on, between %s and NIC %s: "
+                "GPUDirect RDMA goes through the root complex" % (
+                    bridge, "/".join(k for k in REDIRECT if flags.get(k)), ", ".join(what),
+                    ", ".join(nic_bdfs)), "monitor",
+                hint="turn ACS off on the switch ports (the BIOS's ACS/IOMMU setting, or at boot "
+                     "`setpci -s BDF ECAP_ACS+0x6.w=0000`; NCCL's troubleshooting guide): with it on, "
+                     "NIC<->GPU traffic is slow or hangs",
+                gpus=gpu_ids or None, ports=[bridge] + nic_bdfs))
+    elif unread:
+        who = sorted(set(_label(g) if g.get("gpu_index") is None else "GPU %d" % g["gpu_index"]
+                                  for g, _ in unread))
+        findings.append(finding(
+            "info", "pcie-acs-unread", "ACS of the PCIe switch ports between %s and their NICs not "
+            "read: the config space past 64 bytes is root's" % ", ".join(who), "none",
+            hint="run node-check as root (hosts.yaml become: sudo) to check ACS"))
+    elif any(acs.get(b) is not None for c in chains.values() for b in c):
+        facts["pcie.acs_redirect_ports"] = 0
+    return findings, facts
+
+
+def acs_from_lspci(text, gpus=None):
+    """assess_acs on a recorded ``lspci -vvv``: its GPUs and NICs (devices_from_lspci), named by
+    ``gpus`` (node_check's inventory)."""
+    devices = devices_from_lspci(text)
+    _name_gpus(devices, gpus)
+    chains, acs = lspci_topology(text)
+    return assess_acs(devices, chains, acs)
+
+
 # --------------------------------------------------------------------------- assessment
 
 
@@ -321,20 +489,29 @@ def _what(dev):
     return "GPU" if dev["kind"] == "gpu" else "%s NIC" % dev.get("link", "")
 
 
-def assess(devices, gpus=None, expect=None, under_load=False):
-    """Findings and facts for ``devices`` (read_devices), ``gpus`` (node_check's inventory)."""
-    expect = expect or {}
+def _name_gpus(devices, gpus):
+    """Each GPU device's ``gpu_index`` from node_check's inventory (by PCI address); returns
+    {bdf: inventory entry}."""
     by_bdf = {}
     for g in gpus or []:
         bdf = normalise_bdf(g.get("pci"))
         if bdf and isinstance(g.get("index"), int):
             by_bdf[bdf] = g
+    for dev in devices:
+        g = by_bdf.get(dev["bdf"]) if dev["kind"] == "gpu" else None
+        dev["gpu_index"] = g["index"] if g else None
+    return by_bdf
+
+
+def assess(devices, gpus=None, expect=None, under_load=False):
+    """Findings and facts for ``devices`` (read_devices), ``gpus`` (node_check's inventory)."""
+    expect = expect or {}
+    by_bdf = _name_gpus(devices, gpus)
     want_width = _int_expect(expect, "pcie_width")
     want_gen = _int_expect(expect, "pcie_gen")
     findings, facts = [], {}
     for dev in devices:
         g = by_bdf.get(dev["bdf"]) if dev["kind"] == "gpu" else None
-        dev["gpu_index"] = g["index"] if g else None
         key = "pcie.gpu%d" % g["index"] if g else "pcie.%s" % dev["bdf"]
         max_gen, max_width = dev["max_gen"], dev["max_width"]
         if dev["kind"] == "gpu":
@@ -437,12 +614,24 @@ def _aer_findings(dev):
 # --------------------------------------------------------------------------- entry point
 
 
+def rdma_present(sys_root="/sys"):
+    """Whether any RDMA device is registered (/sys/class/infiniband): where ACS matters."""
+    try:
+        return bool(os.listdir(os.path.join(sys_root, "class", "infiniband")))
+    except OSError:
+        return False
+
+
 def check(expect, run_tool, **options):
     """The node-check module API: ``{"findings": [...], "facts": {...}}``. Uses
     ``options["sys_root"]`` (default "/sys"), ``options["gpus"]`` (index <-> PCI address) and
-    ``options["under_load"]`` (default False); no tools."""
+    ``options["under_load"]`` (default False); no tools. ACS only where RDMA devices exist."""
     sys_root = options.get("sys_root") or "/sys"
     devices = read_devices(sys_root)
     findings, facts = assess(devices, options.get("gpus") or [], expect or {},
                              bool(options.get("under_load")))
+    if devices and rdma_present(sys_root):
+        more, acs_facts = assess_acs(devices, *sysfs_topology(devices, sys_root))
+        findings.extend(more)
+        facts.update(acs_facts)
     return {"findings": findings, "facts": facts}

@@ -335,3 +335,150 @@ def test_lspci_header_forms():
             ("0000:1a:00.1", "Ethernet controller", 32.0, 16, 32.0)]
     devices = pcie.devices_from_lspci(text)
     assert [(d["kind"], d["gen"], d["max_gen"]) for d in devices] == [("gpu", 4, 5)]  # VF skipped
+
+
+# ---------------------------------------------------------------- ACS between GPUs and NICs
+
+# leptonai/gpud's real `lspci -vvv` of the H100 HGX host, cut to each device's header and its
+# Bus:, ACSCtl:, LnkCap: and LnkSta: lines (README.md there): the whole tree with its bridges'
+# bus numbers and every ACS control register lspci printed.
+H100_ACS = FIX / "derived__lspci-vvv.h100-hgx.acs"
+
+
+def with_acs(text, bridge, flags="ReqRedir+ CmpltRedir+"):
+    """``text`` with the ACSCtl line of ``bridge`` (its header's first words) turned on."""
+    i = text.index("\n" + bridge + " ") + 1
+    j = text.index("ACSCtl:", i)
+    k = text.index("\n", j)
+    assert text[i:j].count("\n") <= 4, "the ACSCtl line found is another device's"
+    line = text[j:k]
+    for flag in flags.split():
+        line = line.replace(flag[:-1] + "-", flag)
+    return text[:j] + line + text[k:]
+
+
+def test_lspci_h100_hgx_tree_and_acs():
+    text = H100_ACS.read_text()
+    chains, acs = pcie.lspci_topology(text)
+    # GPU 0 (19:00.0) and its ConnectX-7 (1a:00.0) sit behind one PEX890xx switch (16:00.0, its
+    # downstream ports 17:01.0 and 17:02.0) under the Intel root port 15:01.0
+    assert chains["0000:19:00.0"] == ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0"]
+    assert chains["0000:1a:00.0"] == ["0000:15:01.0", "0000:16:00.0", "0000:17:02.0"]
+    assert acs["0000:17:01.0"] == {"SrcValid": False, "TransBlk": False, "ReqRedir": False,
+                                   "CmpltRedir": False, "UpstreamFwd": False, "EgressCtrl": False,
+                                   "DirectTrans": False}
+    assert acs["0000:16:00.0"] == {}                   # an upstream port: no ACSCtl line
+    # the recording's own redirect: the PMC-Sierra bridges above the NVSwitches, no GPU or NIC
+    assert [b for b, f in acs.items() if f.get("ReqRedir")] == \
+        ["0000:82:00.0", "0000:82:01.0", "0000:82:02.0", "0000:82:03.0"]
+    assert chains["0000:83:00.0"][-1] == "0000:82:00.0"
+
+
+def test_lspci_h100_hgx_acs_healthy_and_turned_on():
+    text = H100_ACS.read_text()
+    # as recorded: ACS redirect only where no GPU talks to a NIC
+    assert pcie.acs_from_lspci(text, H100_GPUS) == ([], {"pcie.acs_redirect_ports": 0})
+    findings, facts = pcie.acs_from_lspci(with_acs(text, "17:01.0"), H100_GPUS)
+    assert facts == {"pcie.acs_redirect_ports": 1}
+    (f,) = findings
+    assert (f["code"], f["level"], f["action"], f["gpus"]) == ("pcie-acs-redirect", "warn", "monitor", [0])
+    assert f["ports"] == ["0000:17:01.0", "0000:1a:00.0", "0000:1b:00.0", "0000:1b:00.1"]
+    assert f["message"] == ("PCIe switch port 0000:17:01.0 has ACS ReqRedir/CmpltRedir on, between GPU 0 "
+                            "and NIC 0000:1a:00.0, 0000:1b:00.0, 0000:1b:00.1: GPUDirect RDMA goes "
+                            "through the root complex")
+    # the NIC's port: every GPU behind that switch (one here) crosses it
+    (f,) = pcie.acs_from_lspci(with_acs(text, "17:02.0", "CmpltRedir+"), H100_GPUS)[0]
+    assert "ACS CmpltRedir on, between GPU 0 and NIC 0000:1a:00.0:" in f["message"]
+    # source validation alone redirects nothing; a root port above both is not crossed
+    assert pcie.acs_from_lspci(with_acs(text, "17:01.0", "SrcValid+"), H100_GPUS)[0] == []
+    assert pcie.acs_from_lspci(with_acs(text, "15:01.0"), H100_GPUS)[0] == []
+
+
+ACS_OFFSET = 0x100
+
+
+def config_space(acs_control=None, base=b""):
+    """4096 bytes of config space: ``base``'s first 256 bytes (the standard header), then, with
+    ``acs_control``, an ACS extended capability at 0x100 laid out as the PCIe Base Specification
+    has it (header: ID 0x000D, version 1, next 0; capability register; control register at +6),
+    after a Device Serial Number capability pointing at it (a chain of two, as switches have)."""
+    space = bytearray(base[:256].ljust(256, b"\0") + bytes(4096 - 256))
+    if acs_control is not None:
+        dsn = 0x0003 | (1 << 16) | (0x140 << 20)
+        space[ACS_OFFSET:ACS_OFFSET + 4] = dsn.to_bytes(4, "little")
+        acs = 0x000D | (1 << 16)
+        space[0x140:0x144] = acs.to_bytes(4, "little")
+        space[0x144:0x146] = (0x007f).to_bytes(2, "little")          # every ACS feature there
+        space[0x146:0x148] = acs_control.to_bytes(2, "little")
+    return bytes(space)
+
+
+def test_acs_control_from_config_space():
+    assert pcie.acs_control(config_space(0b1101))["ReqRedir"] is True
+    got = pcie.acs_control(config_space(0b0001))
+    assert (got["SrcValid"], got["ReqRedir"], got["CmpltRedir"]) == (True, False, False)
+    assert pcie.acs_control(config_space()) == {}             # no extended capability
+    assert pcie.acs_control(config_space(0)[:64]) is None      # what a non-root reader gets
+    loop = bytearray(config_space())
+    loop[0x100:0x104] = (0x0003 | (0x100 << 20)).to_bytes(4, "little")   # points at itself
+    assert pcie.acs_control(bytes(loop)) == {}
+
+
+def test_this_machines_real_config_space_as_root_and_as_nobody():
+    """The config files of this machine's own PCI devices: read whole as root, 64 bytes as an
+    unprivileged user (the kernel's rule), which leaves ACS unread."""
+    devices = sorted(Path("/sys/bus/pci/devices").glob("*/config"))
+    if not devices:
+        pytest.skip("no PCI devices here")
+    whole = devices[0].read_bytes()
+    if os.geteuid() == 0:
+        assert len(whole) >= 256
+        # the extended-capability walk ends on a real device's bytes (a dict: ACS or none)
+        assert isinstance(pcie.acs_control(whole), dict) if len(whole) >= 0x108 else \
+            pcie.acs_control(whole) is None
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                            "-c", "import sys; sys.stdout.write(str(len(open(sys.argv[1], 'rb').read())))",
+                            str(devices[0])], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert int(p.stdout) == 64
+        assert pcie.acs_control(whole[:64]) is None
+
+
+def _switch_tree(root, acs_on_gpu_port=0, readable=True):
+    """/sys/devices as a node has it for one GPU and one NIC behind a switch (root port 15:01.0,
+    upstream port 16:00.0, downstream ports 17:01.0 and 17:02.0), bus/pci/devices linking in."""
+    ports = {"0000:15:01.0": 0, "0000:16:00.0": None, "0000:17:01.0": acs_on_gpu_port, "0000:17:02.0": 0}
+    up = "devices/pci0000:15/0000:15:01.0/0000:16:00.0"
+    for bdf, control in ports.items():
+        d = root / (up.rsplit("/", 1)[0] if bdf == "0000:15:01.0" else up if bdf == "0000:16:00.0"
+                    else up + "/" + bdf)
+        d.mkdir(parents=True, exist_ok=True)
+        space = config_space(control)
+        (d / "config").write_bytes(space if readable else space[:64])
+    _device(root, "0000:19:00.0", "0x10de", "0x030200", parent=None)
+    _device(root, "0000:1a:00.0", "0x15b3", "0x020700", parent=None)
+    for bdf, port in (("0000:19:00.0", "0000:17:01.0"), ("0000:1a:00.0", "0000:17:02.0")):
+        flat = root / "devices" / "pci0000:00" / bdf
+        dest = root / up / port / bdf
+        shutil.move(str(flat), str(dest))
+        link = root / "bus" / "pci" / "devices" / bdf
+        link.unlink()
+        os.symlink(os.path.relpath(dest, link.parent), link)
+    (root / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+
+
+def test_sysfs_acs_where_rdma_devices_exist(tmp_path):
+    gpu = [{"index": 0, "pci": "00000000:19:00.0", "name": "NVIDIA H100 80GB HBM3"}]
+    _switch_tree(tmp_path / "off")
+    r = run(tmp_path / "off", gpus=gpu)
+    assert r["findings"] == [] and r["facts"]["pcie.acs_redirect_ports"] == 0
+    _switch_tree(tmp_path / "on", acs_on_gpu_port=0b1101)
+    r = run(tmp_path / "on", gpus=gpu)
+    assert summary(r) == [("pcie-acs-redirect", "warn", "monitor", [0],
+                           ["0000:17:01.0", "0000:1a:00.0"])]
+    shutil.rmtree(tmp_path / "on" / "class" / "infiniband")        # no RDMA device: not looked at
+    assert run(tmp_path / "on", gpus=gpu)["findings"] == []
+    _switch_tree(tmp_path / "user", acs_on_gpu_port=0b1101, readable=False)
+    r = run(tmp_path / "user", gpus=gpu)
+    assert summary(r) == [("pcie-acs-unread", "info", "none", None, None)]
+    assert "pcie.acs_redirect_ports" not in r["facts"]
