@@ -29,16 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import REPO, BenchError, bytecode_env, timed  # noqa: E402
 from tests.lab import Lab  # noqa: E402
+from tests.programs import PCT_HOSTS_HEAD  # noqa: E402
 
 EXPECT = {"gpus": 8, "ib_ports": 8, "ib_rate": 400, "nvlinks_per_gpu": 18, "pcie_width": 16,
           "pcie_gen": 5}
-HOSTS = """\
-defaults: {connect_timeout: 5, timeout: 120}
-hosts:
-  pve:
-    address: main
-    become: sudo
-    containers:
+HOSTS = PCT_HOSTS_HEAD + """\
       h200-ok: %s
 """ % json.dumps({"runtime": "pct", "id": "210", "python": "/usr/bin/python3", "expect": EXPECT,
                   "env": {"MLDIAG_FAKE_NVIDIA_SMI": "derived__h200x8__healthy"}})

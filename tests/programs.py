@@ -174,6 +174,17 @@ def findings_by_code(doc) -> dict:
 # Three targets in the lab's CT 200 (behind `pve: {address: main, become: sudo}`), each with the
 # fake nvidia-smi answering another capture: 8 healthy H200s, 8 H200s with one lost, one RTX
 # 2080. The entries of a `containers:` mapping, indented for the hosts.yaml the tests write.
+# hosts.yaml's head for CTs of the lab's `main` reached as pct targets (ssh main, sudo, pct);
+# the containers' lines follow, indented six spaces
+PCT_HOSTS_HEAD = """\
+defaults: {connect_timeout: 5, timeout: 120}
+hosts:
+  pve:
+    address: main
+    become: sudo
+    containers:
+"""
+
 GPU_STATUS_CONTAINERS = """\
       trainbox:
         runtime: pct

@@ -32,7 +32,8 @@ cuda-visible-devices     fail   app        inside a container: CUDA_VISIBLE_DEVI
 A hung nvidia-smi is ``tool-hung`` (fail, reboot); a missing one ``not-checked`` (info).
 
 Facts: ``gpu.persistence_mode`` (Enabled / Disabled / both). Data (``data["gpu-host"]``):
-``gpus`` (index, memory used, persistence, processes with their state: alive / zombie / gone),
+``memory`` (the GPUs holding memory or listing processes: MiB used, each process's pid, MiB and
+state: alive / zombie / gone; judged where the pid namespace allows),
 ``pid_namespace`` ("host" | "own"), ``container`` (kind, the runtime's device list, the device
 nodes, the runtime's /proc/driver/nvidia/gpus entries, CUDA_VISIBLE_DEVICES) when inside one.
 """
@@ -175,6 +176,13 @@ def leak_candidates(gpus, apps, proc="/proc"):
             continue
         out[g["index"]] = (used, [(p["pid"], p["state"]) for p in g["processes"]])
     return out
+
+
+def memory_record(gpus):
+    """What data keeps of the memory query: the GPUs holding memory or listing processes, each
+    with its processes' pids, MiB and state (alive / zombie / gone)."""
+    return [{"gpu": g["index"], "used_mib": g["memory_used_mib"], "processes": g.get("processes") or []}
+            for g in gpus if g["memory_used_mib"] or g.get("processes")]
 
 
 def fmt_mib(mib):
@@ -366,7 +374,7 @@ def check(expect, run_tool, **options):
                     leaked = dict((i, still[i]) for i in leaked if i in still)
                     gpus = again.gpus
                 findings.extend(leak_findings(leaked))
-        data["gpus"] = gpus
+        data["memory"] = memory_record(gpus)
     if kind:
         more, data["container"] = container_findings(kind, got.listed(), container_environ(proc),
                                                      device_nodes(dev), runtime_gpus(proc))

@@ -18,7 +18,6 @@ The lab's own part (the CTs and the fakes in them) is checked first, without mld
 import json
 import resource
 import re
-import textwrap
 import time
 from functools import partial
 
@@ -36,7 +35,7 @@ EXPECT = {"gpus": 8, "ib_ports": 8, "ib_rate": 400, "nvlinks_per_gpu": 18, "pcie
 ACTIONS = ("none", "monitor", "app", "reset-gpu", "reboot", "drain", "rma")
 LEVELS = ("info", "warn", "fail")
 
-ALL_CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host")
+ALL_CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host", "gpu-host")
 
 
 mldiag = partial(programs.mldiag, timeout=180)
@@ -62,14 +61,7 @@ def nodes(node_cts):
 
 @pytest.fixture(scope="module")
 def hosts(lab, nodes):
-    return lab.hosts_yaml(textwrap.dedent("""\
-        defaults: {connect_timeout: 5, timeout: 120}
-        hosts:
-          pve:
-            address: main
-            become: sudo
-            containers:
-        """) + "".join([
+    return lab.hosts_yaml(programs.PCT_HOSTS_HEAD + "".join([
         ct("h200-ok", 210),
         ct("h200-bad", 211, capture=nodecheck.FAULTY_CAPTURE),
         # CT 210 again, its live kernel log (journalctl) now the Xid 48/63/94 one
@@ -126,7 +118,8 @@ def check_shape(doc):
     for f in doc["findings"]:
         assert f["level"] in LEVELS and f["action"] in ACTIONS and f["code"], f
         assert "\n" not in f["message"], f
-        assert f["check"] in ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host", "gpu", "baseline"), f
+        assert f["check"] in ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host", "gpu-host", "gpu",
+                              "baseline"), f
     data = doc["data"]
     assert isinstance(data["facts"], dict) and isinstance(data["checks"], dict), data.keys()
     for k, v in data["facts"].items():
@@ -262,7 +255,8 @@ def test_healthy_node_fast(hosts):
         assert facts[f"pcie.gpu{gpu}.max_gen"] == 5 and facts[f"nvlink.gpu{gpu}.active"] == 18, facts
     checks = doc["data"]["checks"]
     assert {n: c["status"] for n, c in checks.items()} == {
-        "xid": "ok", "nvlink": "ok", "fabric": "ok", "pcie": "ok", "ib": "warn", "host": "warn"}, checks  # --no-dcgm
+        "xid": "ok", "nvlink": "ok", "fabric": "ok", "pcie": "ok", "ib": "warn", "host": "warn",
+        "gpu-host": "ok"}, checks  # --no-dcgm
     assert doc["data"]["kernel_log"]["source"] == "journalctl", doc["data"]["kernel_log"]
     # issue 12: a healthy 8-GPU node without DCGM in <= 3 s (duration_s: the whole target,
     # ssh and the upload included)
@@ -370,7 +364,7 @@ def test_hung_nvidia_smi_is_a_finding_not_a_hung_run(lab, hosts):
                                   "driver_version --format=csv,noheader` did not answer within 10 s"), hung
     # nvidia-smi is not called again after it hung: the checks that need it say so, none waits
     not_checked = sorted(f["check"] for f in doc["findings"] if f["code"] == "not-checked")
-    assert not_checked == ["fabric", "nvlink"], doc["findings"]
+    assert not_checked == ["fabric", "gpu-host", "nvlink"], doc["findings"]
     assert took < 30, took   # one 10 s tool timeout, not one per check, nor the fake's 60 s
     # the other checks still ran on the sysfs and the kernel log
     assert doc["data"]["checks"]["pcie"]["status"] == "ok", doc["data"]["checks"]
