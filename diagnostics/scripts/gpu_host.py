@@ -21,12 +21,18 @@ persistence-off          warn   monitor    persistence mode off on a datacenter 
                                            GPU down after every job and initialises it again
                                            for the next (seconds per start, state lost)
 container-gpu-mismatch   fail   app        inside a container: the GPUs the NVIDIA runtime was
-                                           given (NVIDIA_VISIBLE_DEVICES), the /dev/nvidiaN
-                                           device nodes present and the GPUs nvidia-smi lists
-                                           do not agree (e.g. given 8, 7 device nodes)
+                                           given (NVIDIA_VISIBLE_DEVICES, and the per-GPU
+                                           /proc/driver/nvidia/gpus entries it mounts), the
+                                           /dev/nvidiaN device nodes present and the GPUs
+                                           nvidia-smi lists (lost ones counted) do not agree,
+                                           e.g. given 8, 7 device nodes; with no device node at
+                                           all nvidia-smi's list is not compared (the driver
+                                           answers through them: such a list is not this
+                                           container's)
 cuda-visible-devices     fail   app        inside a container: CUDA_VISIBLE_DEVICES names a GPU
-                                           that is not there (CUDA ignores it and every entry
-                                           after it)
+                                           that is not there (an index past the count, "", -1;
+                                           UUIDs are not judged): CUDA ignores it and every
+                                           entry after it
 =======================  =====  =========  ===================================================
 
 A hung nvidia-smi is ``tool-hung`` (fail, reboot); a missing one ``not-checked`` (info).
