@@ -21,8 +21,10 @@ persistence-off          warn   monitor    persistence mode off on a datacenter 
                                            GPU down after every job and initialises it again
                                            for the next (seconds per start, state lost)
 container-gpu-mismatch   fail   app        inside a container: the GPUs the NVIDIA runtime was
-                                           given (NVIDIA_VISIBLE_DEVICES, and the per-GPU
-                                           /proc/driver/nvidia/gpus entries it mounts), the
+                                           given (NVIDIA_VISIBLE_DEVICES, or the files of the
+                                           directory it names: Kubernetes' volume-mounts list;
+                                           the per-GPU /proc/driver/nvidia/gpus entries the
+                                           runtime mounts), the
                                            /dev/nvidiaN device nodes present and the GPUs
                                            nvidia-smi lists (lost ones counted) do not agree,
                                            e.g. given 8, 7 device nodes; with no device node at
@@ -262,20 +264,33 @@ def runtime_gpus(proc="/proc"):
         return None
 
 
+# The device plugin's "volume-mounts" strategy (Kubernetes): NVIDIA_VISIBLE_DEVICES names this
+# directory and the list is one file per device in it, named by its UUID or index
+VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
+
+
 def given_devices(value):
     """NVIDIA_VISIBLE_DEVICES as the runtime reads it -> (the entries, or None for "all" / a MIG
-    device list, where the count is not the number of GPUs); unset -> (None, None)."""
+    device list, where the count is not the number of GPUs; the raw value); unset -> (None,
+    None). A directory (VOLUME_MOUNTS_DIR) stands for the files in it."""
     if value is None:
         return None, None
     value = value.strip()
     if value in ("", "void", "none"):
         return [], value or "void"
-    if value == "all":
-        return None, "all"
-    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if value.startswith("/"):
+        try:
+            entries = sorted(os.listdir(value))
+        except OSError:
+            entries = []
+        raw = "%s: %s" % (value, ",".join(entries) or "no file")
+    else:
+        entries, raw = [e.strip() for e in value.split(",") if e.strip()], value
+    if "all" in entries:
+        return None, raw
     if any(e.startswith("MIG-") or ":" in e for e in entries):
-        return None, value
-    return entries, value
+        return None, raw
+    return entries, raw
 
 
 def container_environ(proc="/proc"):

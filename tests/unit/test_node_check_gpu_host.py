@@ -280,6 +280,20 @@ def test_nvidia_visible_devices_values():
     assert gh.given_devices("MIG-aaaa")[0] is None
 
 
+def test_the_device_plugins_volume_mounts_list(tmp_path):
+    """Kubernetes' device plugin with deviceListStrategy volume-mounts: NVIDIA_VISIBLE_DEVICES
+    names a directory, one empty file per device given (real files in a real directory here)."""
+    listing = tmp_path / "nvidia-container-devices"
+    listing.mkdir()
+    for uuid in ("GPU-00000003-0000-0000-0000-000000000003", "GPU-00000005-0000-0000-0000-000000000005"):
+        (listing / uuid).touch()
+    given, raw = gh.given_devices(str(listing))
+    assert len(given) == 2 and raw.startswith(str(listing) + ": GPU-00000003")
+    (f,) = gh.container_findings("kubernetes", 1, env(str(listing)), [3], None)[0]
+    assert "the NVIDIA runtime was given 2" in f["message"] and "1 device node (/dev/nvidia3)" in f["message"]
+    assert gh.given_devices(str(tmp_path / "missing")) == ([], str(tmp_path / "missing") + ": no file")
+
+
 def test_node_check_runs_it_as_a_check_of_its_own(smi, tmp_path):
     """node_check's run_checks loads gpu_host.py beside it as check "gpu-host", its data under
     that name."""
