@@ -298,8 +298,11 @@ EXT_CAP_START, CONFIG_SIZE = 0x100, 4096
 
 def acs_control(config):
     """The ACS control register of a device's config space (``config``: bytes, as sysfs's
-    ``config`` file reads) as {flag: bool}; {} when the device has no ACS capability; None when
-    the extended space is not there to read (a non-root reader gets the first 64 bytes only)."""
+    ``config`` file reads; b"" for a device without extended space) as {flag: bool}; {} when the
+    device has no ACS capability; None when the extended space is there but not readable (a
+    non-root reader gets the first 64 bytes only)."""
+    if config == b"":
+        return {}
     if config is None or len(config) < EXT_CAP_START + 8:
         return None
     offset, seen = EXT_CAP_START, set()
@@ -316,8 +319,13 @@ def acs_control(config):
 
 
 def _read_config(devdir):
+    """A device's config space as this reader may read it; b"" for a conventional PCI device
+    (sysfs's file is 256 bytes: no extended capabilities, so no ACS), None when unreadable."""
+    path = os.path.join(devdir, "config")
     try:
-        with open(os.path.join(devdir, "config"), "rb") as fh:
+        if os.path.getsize(path) <= EXT_CAP_START:
+            return b""
+        with open(path, "rb") as fh:
             return fh.read(CONFIG_SIZE)
     except OSError:
         return None

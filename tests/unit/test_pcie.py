@@ -419,6 +419,7 @@ def test_acs_control_from_config_space():
     assert (got["SrcValid"], got["ReqRedir"], got["CmpltRedir"]) == (True, False, False)
     assert pcie.acs_control(config_space()) == {}             # no extended capability
     assert pcie.acs_control(config_space(0)[:64]) is None      # what a non-root reader gets
+    assert pcie.acs_control(b"") == {}                         # conventional PCI: no extended space
     loop = bytearray(config_space())
     loop[0x100:0x104] = (0x0003 | (0x100 << 20)).to_bytes(4, "little")   # points at itself
     assert pcie.acs_control(bytes(loop)) == {}
@@ -442,9 +443,13 @@ def test_this_machines_real_config_space_as_root_and_as_nobody():
         assert p.returncode == 0, p.stderr
         assert int(p.stdout) == 64
         assert pcie.acs_control(whole[:64]) is None
+    # a conventional (256-byte) config space has no extended capability: no ACS, not "unread"
+    for config in devices:
+        if config.stat().st_size == 256:
+            assert pcie._read_config(str(config.parent)) == b"" and pcie.acs_control(b"") == {}
 
 
-def _switch_tree(root, acs_on_gpu_port=0, readable=True):
+def _switch_tree(root, acs_on_gpu_port=0):
     """/sys/devices as a node has it for one GPU and one NIC behind a switch (root port 15:01.0,
     upstream port 16:00.0, downstream ports 17:01.0 and 17:02.0), bus/pci/devices linking in."""
     ports = {"0000:15:01.0": 0, "0000:16:00.0": None, "0000:17:01.0": acs_on_gpu_port, "0000:17:02.0": 0}
@@ -454,7 +459,7 @@ def _switch_tree(root, acs_on_gpu_port=0, readable=True):
                     else up + "/" + bdf)
         d.mkdir(parents=True, exist_ok=True)
         space = config_space(control)
-        (d / "config").write_bytes(space if readable else space[:64])
+        (d / "config").write_bytes(space)
     _device(root, "0000:19:00.0", "0x10de", "0x030200", parent=None)
     _device(root, "0000:1a:00.0", "0x15b3", "0x020700", parent=None)
     for bdf, port in (("0000:19:00.0", "0000:17:01.0"), ("0000:1a:00.0", "0000:17:02.0")):
@@ -478,7 +483,38 @@ def test_sysfs_acs_where_rdma_devices_exist(tmp_path):
                            ["0000:17:01.0", "0000:1a:00.0"])]
     shutil.rmtree(tmp_path / "on" / "class" / "infiniband")        # no RDMA device: not looked at
     assert run(tmp_path / "on", gpus=gpu)["findings"] == []
-    _switch_tree(tmp_path / "user", acs_on_gpu_port=0b1101, readable=False)
-    r = run(tmp_path / "user", gpus=gpu)
-    assert summary(r) == [("pcie-acs-unread", "info", "none", None, None)]
-    assert "pcie.acs_redirect_ports" not in r["facts"]
+
+
+AS_NOBODY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import pcie
+got = pcie.check({}, None, sys_root=sys.argv[2], gpus=[{"index": 0, "pci": "00000000:19:00.0"}])
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the check as nobody")
+def test_sysfs_acs_not_readable_by_an_unprivileged_user():
+    """The bridges' config files as sysfs has them for root only past 64 bytes: here 4096 bytes
+    of mode 0600, read by nobody (a real permission refusal; sysfs itself hands nobody 64
+    bytes, which acs_control takes the same way)."""
+    import tempfile
+    root = Path(tempfile.mkdtemp(prefix="mldiag-acs-"))
+    try:
+        os.chmod(root, 0o755)
+        _switch_tree(root, acs_on_gpu_port=0b1101)
+        for d, _, files in os.walk(root):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o600 if f == "config" else 0o644)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                            "-c", AS_NOBODY, str(REPO / "diagnostics" / "scripts"), str(root)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)
+        assert summary(r) == [("pcie-acs-unread", "info", "none", None, None)]
+        assert "pcie.acs_redirect_ports" not in r["facts"]
+        assert summary(run(root, gpus=[{"index": 0, "pci": "00000000:19:00.0"}]))[0][0] == "pcie-acs-redirect"
+    finally:
+        shutil.rmtree(root)
