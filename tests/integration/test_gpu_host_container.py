@@ -9,7 +9,8 @@ pct → an LXC CT of the lab's, made here for these tests, whose GPUs are
 - nvidia-smi: the fake answering the 8x H200 captures (tests/fakes/nvidia-smi).
 
 The CT has its own PID namespace, as every LXC CT does: memory nvidia-smi shows in use with no
-process listed is not called leaked there (the processes may be the host's)."""
+process listed is not called leaked there (the processes may be the host's); on the lab's host
+itself (target `main`, ssh) the same is a leak."""
 
 import json
 import textwrap
@@ -58,7 +59,9 @@ def target(name, vmid, capture="derived__h200x8__healthy", **env):
 
 @pytest.fixture(scope="module")
 def hosts(lab, gpu_cts):
-    return lab.hosts_yaml(programs.PCT_HOSTS_HEAD + "".join([
+    # `main` itself (ssh, no container): the lab's sshd runs in this machine's PID namespace
+    host = ('  main-leaked: {address: main, env: {MLDIAG_FAKE_NVIDIA_SMI: derived__h200x8__leaked-memory}}\n')
+    return lab.hosts_yaml(programs.PCT_HOSTS_HEAD.replace("hosts:\n", "hosts:\n" + host) + "".join([
         target("given-8-has-8", ALL_NODES),
         target("given-8-has-7", ONE_MISSING),
         target("cuda-names-8", ALL_NODES, CUDA_VISIBLE_DEVICES="0,8,1"),
@@ -127,3 +130,13 @@ def test_cuda_visible_devices_and_memory_held_outside(hosts):
     assert codes(held) == [], held["findings"]
     assert [m["used_mib"] for m in held["data"]["gpu-host"]["memory"]] == [61440] * 8
 
+
+def test_memory_held_by_no_process_on_the_host(hosts):
+    doc = gpu_host(hosts, "main-leaked")["main-leaked"]
+    data = doc["data"]["gpu-host"]
+    assert data["pid_namespace"] == "host", data
+    leaked = [f for f in doc["findings"] if f["code"] == "gpu-memory-leaked"]
+    assert [(f["level"], f["action"], f["gpus"], f["message"]) for f in leaked] == [
+        ("fail", "reset-gpu", [3], "GPU 3: 71.0 GiB in use and no live process holds it: nvidia-smi lists "
+                                   "no process on it")], doc["findings"]
+    assert data["memory"] == [{"gpu": 3, "used_mib": 72704, "processes": []}]
