@@ -398,4 +398,4 @@ REGISTRY: Dict[str, DiagnosticSpec] = {spec.name: spec for spec in BUILTINS}
 BUILTIN = Registry(REGISTRY)
 # The tasks whose run never needs a team's diagnostics: a command line naming one of them (the
 # hot path) reads no hosts file and no team directory before the task itself does.
-NO_TEAM_NEEDED = frozenset(REGISTRY) | {"hosts", "run-script"}
+NO_TEAM_NEEDED = frozenset(REGISTRY) | {"hosts", "run-script", "baseline-init", "baseline-diff"}

@@ -196,11 +196,14 @@ METAVARS: Dict[str, Dict[str, str]] = {
     "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
                    "put": "FILE"},
     "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
+    "baseline-init": {"out": "FILE"},
+    "baseline-diff": {"path": "FILE"},
 }
 # A task's positional as its usage line shows it (``mldiag scan-log [options] PATH``).
 USAGE = {**{spec.name: spec.positional.value_name for spec in BUILTINS
             if spec.positional is not None},
-         "run-script": "SCRIPT | -c CODE | -  [-- ARG...]", "runbook": "NAME | --list"}
+         "run-script": "SCRIPT | -c CODE | -  [-- ARG...]", "runbook": "NAME | --list",
+         "baseline-diff": "FILE"}
 
 
 def metavar(task_name: str, arg: str) -> str:
@@ -381,6 +384,35 @@ def runbook(c, name=None, list_=False, param=None, runbooks_dir=None, format=Non
     return execute.with_messages(outcome, execute.write_junit(report, runbook_suites(outcome.results)))
 
 
+# The golden configuration's commands (builtin/node_check/golden.py): node-check's facts on
+# the selected targets, written as a reviewed YAML file, then compared with it.
+_GOLDEN_HELP = {k: COMMON_HELP[k] for k in ("host", "group", "hosts-file", "parallel", "timeout",
+                                            "no-color")}
+
+
+@task(klass=MldiagTask, help={**_GOLDEN_HELP,
+      "out": "the golden file to write (YAML, commented, for review and git)",
+      "force": "write over an existing FILE (git shows what changed)"})
+def baseline_init(c, out=None, force=False, host=None, group=None, hosts_file=None, parallel=None,
+                  timeout=None, no_color=False):
+    """Write a golden config (YAML to review): the fleet's majority of node-check's facts."""
+    from ..builtin.node_check import golden
+    opts = _options(host, group, hosts_file, False, None, parallel, timeout, False, False, no_color)
+    return golden.init(opts, out or "", force=force)
+
+
+@task(klass=MldiagTask, help={**_GOLDEN_HELP, "json": "print each node's drift as JSON (nothing "
+                                                     "else on stdout)",
+      "path": "the golden file (mldiag baseline-init wrote it)"})
+def baseline_diff(c, path, host=None, group=None, hosts_file=None, json=False, parallel=None,
+                  timeout=None, no_color=False):
+    """Show what drifted from a golden config: per node and fact, golden value and now."""
+    from ..builtin.node_check import golden
+    _not_a_flag("baseline-diff", "golden file", path)
+    opts = _options(host, group, hosts_file, json, None, parallel, timeout, False, False, no_color)
+    return golden.diff(opts, path)
+
+
 def runbook_suites(record) -> List[junit.Suite]:
     """A runbook's JUnit suites (``record``: runbooks.run.RunbookRun): one per step that ran or
     was skipped somewhere, ``mldiag.RUNBOOK.NN-STEP``; a target the step skipped is a skipped
@@ -402,7 +434,7 @@ def collection(found: registry.Registry) -> Collection:
     """Every task of a run: hosts, each diagnostic of ``found`` (the built-ins first, then a
     team's), run-script and runbook."""
     tasks = Collection(hosts, *(diagnostic_task(spec) for spec in found.specs.values()),
-                       run_script, runbook)
+                       run_script, runbook, baseline_init, baseline_diff)
     tasks.configure({"run": {"echo": False}})
     return tasks
 

@@ -71,6 +71,7 @@ class Target:
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     code_cache: bool = True                 # the target may keep mldiag's own code compiled (scripts/_stage_a.py)
     peer_address: Optional[str] = None      # where a group's other members reach it (engine/groups.py)
+    baseline: Optional[str] = None          # node-check's golden file (absolute; hosts.yaml baseline:)
     source: Tuple[str, int] = ("<embedded>", 0)   # file, line where the target is defined
 
     @property

@@ -320,6 +320,14 @@ def _persist(value: Any, at: At) -> float:
                    f"{show(value)}")
 
 
+def _baseline(value: Any, at: At) -> str:
+    """node-check's golden file (``mldiag baseline-init`` writes one): a path relative to the
+    hosts file, kept absolute. Whether it exists and reads is node-check's to check, when it
+    runs (a missing golden file must not stop the other tasks)."""
+    text = expect_string(value, at, "a golden file's path (relative to the hosts file)")
+    return os.path.join(os.path.dirname(os.path.abspath(at.file)), os.path.expanduser(text))
+
+
 def _keep(value: Any, at: At) -> Any:
     return value
 
@@ -334,7 +342,7 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
     "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
-    "reservation": expect_argument, "peer_address": expect_string,
+    "reservation": expect_argument, "peer_address": expect_string, "baseline": _baseline,
     "defaults": _keep, "hosts": _keep, "groups": _keep, "targets": _keep,
     "containers": _keep, "slurm": _keep, "runbooks": _keep, "diagnostics": _keep,
 }
@@ -346,17 +354,17 @@ CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_
 RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "persist", "targets",
                  "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
-                 "code_cache", "expect")
+                 "code_cache", "expect", "baseline")
 # peer_address: the address a group's other members reach this target at (nccl-check --pairs,
 # --across; engine/groups.py), where it is not the one mldiag connects to: a container's own
 # address, a host's on the cluster network. Never inherited: it is one target's.
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
-    "models", "gpus", "expect", "containers", "slurm", "peer_address")
+    "models", "gpus", "expect", "baseline", "containers", "slurm", "peer_address")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
-    "models", "gpus", "expect", "peer_address")
+    "models", "gpus", "expect", "baseline", "peer_address")
 SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist", "reservation")
 KUBECTL_ONLY_KEYS = ("namespace", "container")
-INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect")
+INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect", "baseline")
 
 
 @dataclass(frozen=True)
@@ -584,6 +592,7 @@ def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -
                   timeout=settings.get("timeout", 300.0), models=settings.get("models", ()),
                   gpus=settings.get("gpus"), tmpdir=settings.get("tmpdir"),
                   code_cache=settings.get("code_cache", True),
+                  baseline=settings.get("baseline"),
                   source=(source.file, source.line), **placement)
 
 

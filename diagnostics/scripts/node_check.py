@@ -63,6 +63,19 @@ MAX_OUTPUT = 4 * 1024 * 1024      # a tool's stdout/stderr kept, each
 MAX_FACTS = 2000
 INVENTORY_FIELDS = ("index", "pci.bus_id", "name", "serial", "uuid", "vbios_version",
                     "driver_version")
+# Each GPU's settings a fleet keeps alike (a golden config holds them): asked in the inventory's
+# one call (each nvidia-smi call is an NVML start, seconds on a node without persistence mode).
+# nvidia-smi --help-query-gpu names: fact suffix, kind. All are in the R470 era's field list
+# (mig.mode.current came with A100, R450); a driver that refuses one makes the call fail
+# whole ('Field "x" is not a valid field to query.'), so the inventory is then asked again
+# without them. Locked clocks (nvidia-smi -lgc) are not a query-gpu field: not here.
+SETTING_FIELDS = (("ecc.mode.current", "ecc_mode", str), ("persistence_mode", "persistence_mode", str),
+                  ("mig.mode.current", "mig_mode", str), ("compute_mode", "compute_mode", str),
+                  ("power.limit", "power_limit_w", float),
+                  ("clocks.applications.graphics", "app_clock_graphics_mhz", int),
+                  ("clocks.applications.memory", "app_clock_memory_mhz", int),
+                  ("clocks.max.graphics", "max_clock_graphics_mhz", int),
+                  ("clocks.max.memory", "max_clock_memory_mhz", int))
 
 log = logging.getLogger("node-check")
 
@@ -195,33 +208,63 @@ def tool_hung(argv, timeout, check):
 # --------------------------------------------------------------------------- the GPU inventory
 
 
-def parse_inventory(text):
-    """``nvidia-smi --query-gpu=index,pci.bus_id,... --format=csv,noheader`` -> [gpu dicts]."""
+def parse_inventory(text, settings=False):
+    """``nvidia-smi --query-gpu=index,pci.bus_id,...[,SETTING_FIELDS] --format=csv,noheader
+    [,nounits]`` -> [gpu dicts]; with ``settings``, each GPU's ``settings`` {suffix: value}
+    (a value nvidia-smi does not have, ``[N/A]``, ``[Not Supported]``, is left out)."""
     gpus = []
+    width = len(INVENTORY_FIELDS) + (len(SETTING_FIELDS) if settings else 0)
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < len(INVENTORY_FIELDS):
+        if len(cells) < width:
             continue
         try:
             index = int(cells[0])
         except ValueError:
             continue
-        gpus.append({"index": index, "pci": cells[1], "name": cells[2], "serial": cells[3],
-                     "uuid": cells[4], "vbios": cells[5], "driver": cells[6]})
+        gpu = {"index": index, "pci": cells[1], "name": cells[2], "serial": cells[3],
+               "uuid": cells[4], "vbios": cells[5], "driver": cells[6]}
+        if settings:
+            gpu["settings"] = parse_settings(cells[len(INVENTORY_FIELDS):width])
+        gpus.append(gpu)
     return gpus
 
 
+def parse_settings(cells):
+    out = {}
+    for (_, suffix, kind), cell in zip(SETTING_FIELDS, cells):
+        if not cell or cell.startswith("[") or cell in ("N/A", "Unknown Error"):
+            continue
+        try:
+            value = kind(cell)
+        except ValueError:
+            continue
+        out[suffix] = value
+    return out
+
+
+def not_a_field(tool):
+    return tool.rc not in (0, None) and "is not a valid field to query" in tool.out + tool.err
+
+
 def inventory(run_tool, timeout):
-    """(gpus, findings, note): the GPUs nvidia-smi lists, or why there are none."""
-    argv = ["nvidia-smi", "--query-gpu=" + ",".join(INVENTORY_FIELDS), "--format=csv,noheader"]
+    """(gpus, findings, note): the GPUs nvidia-smi lists, or why there are none. An nvidia-smi
+    that does not know one of SETTING_FIELDS is asked again for the inventory alone."""
+    fields = INVENTORY_FIELDS + tuple(f for f, _, _ in SETTING_FIELDS)
+    argv = ["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
     tool = run_tool(argv, timeout)
+    settings = True
+    if not_a_field(tool):
+        settings = False
+        argv = ["nvidia-smi", "--query-gpu=" + ",".join(INVENTORY_FIELDS), "--format=csv,noheader"]
+        tool = run_tool(argv, timeout)
     if tool.status == "missing":
         return [], [finding("info", "no-nvidia-smi", "nvidia-smi not found: the GPU checks have "
                             "nothing to read (not an NVIDIA GPU node, or the driver is missing)",
                             "none", "gpu")], "nvidia-smi missing"
     if tool.status == "timeout":
         return [], [tool_hung(argv, timeout, "gpu")], "nvidia-smi hung"
-    gpus = parse_inventory(tool.out)
+    gpus = parse_inventory(tool.out, settings)
     if tool.rc != 0 and not gpus:
         first = (tool.out.strip() or tool.err.strip() or "no output").splitlines()[0][:300]
         return [], [finding("fail", "nvidia-smi-failed", "nvidia-smi exited %s: %s" % (tool.rc, first),
@@ -247,6 +290,9 @@ def inventory_facts(gpus):
         facts["gpu.model"] = _one_or_many(g["name"] for g in gpus)
         facts["gpu.vbios"] = _one_or_many(g["vbios"] for g in gpus)
         facts["driver"] = _one_or_many(g["driver"] for g in gpus)
+    for g in gpus:      # per GPU, as nvlink.gpuN / pcie.gpuN: a drift names its GPU
+        for suffix, value in sorted((g.get("settings") or {}).items()):
+            facts["gpu.gpu%d.%s" % (g["index"], suffix)] = value
     return facts
 
 
@@ -463,7 +509,9 @@ def run(args):
     findings.extend(more)
     facts.update(check_facts)
 
-    data = {"gpus": gpus, "expect": expect, "facts": facts, "checks": checks,
+    # each GPU's settings are facts (gpu.gpuN.*), not repeated in the inventory
+    shown = [dict((k, v) for k, v in g.items() if k != "settings") for g in gpus]
+    data = {"gpus": shown, "expect": expect, "facts": facts, "checks": checks,
             "kernel_log": {"source": kernel_log.get("source"), "error": kernel_log.get("error"),
                            "chars": len(kernel_log.get("text") or "")},
             "tools": run_tool.calls}

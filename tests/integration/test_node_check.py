@@ -361,7 +361,10 @@ def test_hung_nvidia_smi_is_a_finding_not_a_hung_run(lab, hosts):
                           ("fail", "reboot", "gpu", "gpu-count", (), ()), LINK_DOWNED}, doc["findings"]
     hung = [f for f in doc["findings"] if f["code"] == "tool-hung"]
     assert hung[0]["message"] == ("`nvidia-smi --query-gpu=index,pci.bus_id,name,serial,uuid,vbios_version,"
-                                  "driver_version --format=csv,noheader` did not answer within 10 s"), hung
+                                  "driver_version,ecc.mode.current,persistence_mode,mig.mode.current,"
+                                  "compute_mode,power.limit,clocks.applications.graphics,"
+                                  "clocks.applications.memory,clocks.max.graphics,clocks.max.memory "
+                                  "--format=csv,noheader,nounits` did not answer within 10 s"), hung
     # nvidia-smi is not called again after it hung: the checks that need it say so, none waits
     not_checked = sorted(f["check"] for f in doc["findings"] if f["code"] == "not-checked")
     assert not_checked == ["fabric", "gpu-host", "nvlink"], doc["findings"]

@@ -275,6 +275,8 @@ Tasks:
   run-script     Upload a local script (or -c CODE, or - for stdin) and run it with arguments on the
                  targets.
   runbook        Run a runbook's steps on the targets and print one report (Markdown or JSON).
+  baseline-init  Write a golden config (YAML to review): the fleet's majority of node-check's facts.
+  baseline-diff  Show what drifted from a golden config: per node and fact, golden value and now.
 
 Common options (every task):
   -H NAME, --host=NAME     target name, comma list or node set (gpu[01-04]); repeatable

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 
 from ...core.errors import InputError
 from ...core.results import Finding, Result
@@ -87,25 +87,37 @@ def save(path: str, results: List[Result]) -> None:
     if not doc["nodes"]:
         raise InputError("no node reported facts (every target failed?): no baseline written",
                          file=path, key="--save-baseline")
+    write_atomic(path, "--save-baseline", lambda stream: _dump(doc, stream))
+
+
+def _dump(doc: Dict[str, Any], stream: TextIO) -> None:
+    json.dump(doc, stream, indent=2, default=str)
+    stream.write("\n")
+
+
+def write_atomic(path: str, flag: str, write: Callable[[TextIO], None]) -> None:
+    """``write(stream)`` into a fresh name beside ``path``, renamed over it (SaveDir.write_text):
+    a link at ``path`` is replaced, never followed (invariant 9). InputError (exit 4) naming
+    the file and ``flag`` when it cannot be written."""
     clean = path.rstrip("/")
     parent, name = os.path.split(clean)
     if not name or name in (".", ".."):
-        raise InputError("not a file name", file=path, key="--save-baseline")
+        raise InputError("not a file name", file=path, key=flag)
     # NOTE: the directory's own path is the user's choice and may go through links they made;
     # only the last component (FILE) is never followed (savedir.py's NOTE says why).
     try:
         fd = os.open(parent or ".", _OPEN_DIR)
     except OSError as exc:
         raise InputError(f"cannot open its directory: {exc.strerror}", file=path,
-                         key="--save-baseline") from None
+                         key=flag) from None
     try:
         st = _lstat(name, fd)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            raise InputError("a directory is in the way", file=path, key="--save-baseline")
-        SaveDir(fd, parent or ".").write_json(name, doc)
+            raise InputError("a directory is in the way", file=path, key=flag)
+        SaveDir(fd, parent or ".").write_text(name, write)
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror or exc}", file=path,
-                         key="--save-baseline") from None
+                         key=flag) from None
     finally:
         os.close(fd)
 

@@ -30,7 +30,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Set, TextIO
 from . import baseline as baseline_mod, drain as drain_mod, view as node_view, prom as prom_mod
 from ...engine import execute as engine, jobs
 from ...core import results as results_mod, termination
-from . import taint as taint_mod, undrain as undrain_mod
+from . import golden as golden_mod, taint as taint_mod, undrain as undrain_mod
+from ...inventory import topology
 from ...transport.ssh import SshPool
 from ...core.errors import EXIT_ERROR, InputError, MldiagError
 from ...core.outcome import Outcome
@@ -64,15 +65,16 @@ def check(values: Mapping[str, Any]) -> None:
         prom_mod.check_path(values["prom"])
 
 
-def judge(values: Mapping[str, Any]) -> Callable[[List[Result]], None]:
+def judge(values: Mapping[str, Any], hosts: Any = None) -> Callable[[List[Result]], None]:
     """The fleet judgement of a task and a runbook step alike: every fact that differs from
     ``--baseline FILE`` (read here, before anything connects: a file that is not a baseline is
-    bad input), else from the majority of the nodes, as findings."""
-    path = values.get("baseline")
-    saved = baseline_mod.load(path) if path else None
+    bad input), else from the golden file hosts.yaml names for the target (``hosts``: the
+    task's Topology; a runbook step has none), else from the majority of the nodes, as
+    findings (golden.judgement)."""
+    deviations = golden_mod.judgement(values.get("baseline"), hosts)
 
     def amend(results: List[Result]) -> None:
-        amend_with(baseline_mod.deviations(results, saved))(results)
+        amend_with(deviations(results))(results)
     return amend
 
 
@@ -95,7 +97,7 @@ def run(opts: engine.Options, values: Mapping[str, Any], *, out: Optional[TextIO
     save_baseline, prom = values.get("save-baseline"), values.get("prom")
     drain, undrain = bool(values.get("drain")), bool(values.get("undrain"))
     kube = {flag: bool(values.get(flag)) for flag in ("taint", "condition", "untaint")}
-    amend = judge(values)
+    amend = judge(values, topology.load(opts.hosts_file))
     job = jobs.job_source("node-check", values)
     if not undrain:
         outcome = engine.execute(opts, job, out=out, after_table=node_view.render_actions, amend=amend)
