@@ -161,9 +161,10 @@ def test_uncommenting_an_undecided_line_makes_it_a_fact():
 
 
 def test_hostile_fact_names_and_values_stay_one_line_and_read_back_exactly():
-    odd_key, odd_value = 'x\n#y: 1 "q"', 'v\nz: 2 # "q" \u2028'
-    results = [node("a", {odd_key: odd_value, "yes": "no", "on": True}),
-               node("b", {odd_key: "other"}), node("c", {odd_key: "third"})]
+    odd_key, odd_value = 'x\ny: 1 "q"', 'v\nz: 2 # "q" \u2028'
+    dotted = 'k\nz: 1.gpu0'      # its family (before the first dot) heads a comment line
+    results = [node("a", {odd_key: odd_value, "yes": "no", "on": True, dotted: 1}),
+               node("b", {odd_key: "other", dotted: 2}), node("c", {odd_key: "third", dotted: 3})]
     text = golden.render(golden.plan(results), written="now")
     g = golden.loads(text, "g.yaml")
     assert set(g.facts) == set()          # every one undecided: all commented out
@@ -385,7 +386,7 @@ def fleet(tmp_path):
     os.symlink(FAKE_NVIDIA_SMI, bindir / "nvidia-smi")
     from tests.programs import space_free_python
 
-    def hosts(n3="derived__h200x8__healthy", extra=""):
+    def hosts(n3="derived__h200x8__healthy", extra="", more=""):
         env = lambda capture: json.dumps({"PATH": f"{bindir}:/usr/bin:/bin",  # noqa: E731
                                           "MLDIAG_FAKE_NVIDIA_SMI": capture})
         path = tmp_path / "hosts.yaml"
@@ -393,7 +394,7 @@ def fleet(tmp_path):
                         + "".join(f"  n{i}: {{local: true, env: {env(c)}}}\n" for i, c in
                                   ((1, "derived__h200x8__healthy"), (2, "derived__h200x8__healthy"),
                                    (3, n3)))
-                        + "groups:\n  h200: [n1, n2, n3]\n")
+                        + more + "groups:\n  h200: [n1, n2, n3]\n")
         return path
     return hosts
 
@@ -440,3 +441,18 @@ def test_a_bad_golden_file_stops_node_check_before_anything_runs(fleet, tmp_path
     assert r.stderr.startswith(f"mldiag: {tmp_path}/golden.yaml:3: facts.driver: expected one value")
     r = mldiag("baseline-diff", "golden.yaml", "-g", "h200", "--hosts-file", hosts, cwd=tmp_path)
     assert r.returncode == 4 and r.stderr.startswith("mldiag: golden.yaml:3: facts.driver: "), r.stderr
+
+
+def test_a_node_without_facts_is_left_out_and_named_and_no_facts_at_all_writes_nothing(fleet, tmp_path):
+    hosts = fleet(more="  gone: {local: true, python: /nonexistent/python3}\n")
+    r = mldiag("baseline-init", "-H", "n1,gone", "--out", "golden.yaml", "--hosts-file", hosts,
+               cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "left out: gone: interpreter: " in r.stdout, r.stdout
+    header = (tmp_path / "golden.yaml").read_text().split("\n\n")[0]
+    assert "# 1 node(s): n1;" in header and "# Left out (no facts): gone: interpreter: " in header
+    r = mldiag("baseline-init", "-H", "gone", "--out", "none.yaml", "--hosts-file", hosts, cwd=tmp_path)
+    assert r.returncode == 3 and "--out none.yaml: not written: no node reported facts" in r.stderr
+    assert not (tmp_path / "none.yaml").exists()
+    r = mldiag("baseline-init", "-H", "n1", "--hosts-file", hosts, cwd=tmp_path)
+    assert r.returncode == 4 and "--out: expected a file name" in r.stderr

@@ -208,7 +208,7 @@ def _entry_lines(entry: Entry, indent: str) -> List[str]:
         odd = entry.odd()
         note = f"   # differs: {_seen_text(odd)}" if odd else ""
         return [f"{indent}{key}: {yaml_value(entry.value)}{note}"]
-    lines = [f"{indent}# UNDECIDED {entry.key} (no value held by a strict majority): uncomment "
+    lines = [f"{indent}# UNDECIDED {key} (no value held by a strict majority): uncomment "
              f"one line, or none"]
     for value, names in entry.seen:
         if value is _MISSING:
@@ -223,7 +223,7 @@ def _section_lines(items: Sequence[Entry], indent: str) -> List[str]:
     lines: List[str] = []
     family = None
     for entry in items:
-        head = entry.key.split(".", 1)[0] if "." in entry.key else "node"
+        head = yaml_key(entry.key.split(".", 1)[0]) if "." in entry.key else "node"
         if head != family:
             family = head
             lines.append(f"{indent}# -- {head}")
@@ -241,10 +241,11 @@ def render(p: Plan, *, written: str, hosts_file: Optional[str] = None,
         "# mldiag golden configuration: the facts node-check expects of every node of this fleet.",
         f"# Written {written} by mldiag {__version__} (`{command}`) from node-check on",
         f"# {len(p.nodes)} node(s): {_nodes(p.nodes) or '(none)'}"
-        + (f"; hosts file {hosts_file}" if hosts_file else "") + ".",
+        + (f"; hosts file {safe_text(hosts_file)}" if hosts_file else "") + ".",
     ]
     for target, why in p.left_out:
-        lines.append(f"# Left out (no facts): {target}: {why}".replace("\n", " "))
+        # NOTE: an error's words came from a target or a transport: one inert line (safe_text)
+        lines.append(f"# Left out (no facts): {target}: {safe_text(why)}")
     lines += [
         "#",
         "# How to review it before you commit it:",
@@ -646,7 +647,7 @@ def _shown(value: Any, missing: bool = False) -> str:
 def render_diff(nodes: Sequence[NodeDrift], golden: Golden, out: TextIO) -> None:
     """One row per node and drifted fact (GOLDEN: the file's value, FROM: its section), then
     the nodes without drift folded, then those not compared."""
-    rows = [(n.target, d.key, _shown(d.golden), _shown(d.now, d.missing), d.source)
+    rows = [(n.target, safe_text(d.key), _shown(d.golden), _shown(d.now, d.missing), d.source)
             for n in nodes for d in n.drift]
     when = f" (written {golden.written})" if golden.written else ""
     out.write(f"golden file: {golden.path}{when}\n")
