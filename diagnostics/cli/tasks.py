@@ -196,8 +196,8 @@ METAVARS: Dict[str, Dict[str, str]] = {
     "run-script": {"path": "SCRIPT", "code": "CODE", "arg": "VALUE", "args-json": "JSON",
                    "put": "FILE"},
     "runbook": {"name": "NAME", "param": "NAME=VALUE", "format": "FORMAT", "runbooks-dir": "DIR"},
-    "baseline-init": {"out": "FILE"},
-    "baseline-diff": {"path": "FILE"},
+    "baseline-init": {"out": "FILE", "results": "DIR"},
+    "baseline-diff": {"path": "FILE", "results": "DIR"},
 }
 # A task's positional as its usage line shows it (``mldiag scan-log [options] PATH``).
 USAGE = {**{spec.name: spec.positional.value_name for spec in BUILTINS
@@ -392,25 +392,27 @@ _GOLDEN_HELP = {k: COMMON_HELP[k] for k in ("host", "group", "hosts-file", "para
 
 @task(klass=MldiagTask, help={**_GOLDEN_HELP,
       "out": "the golden file to write (YAML, commented, for review and git)",
-      "force": "write over an existing FILE (git shows what changed)"})
-def baseline_init(c, out=None, force=False, host=None, group=None, hosts_file=None, parallel=None,
-                  timeout=None, no_color=False):
+      "force": "write over an existing FILE (git shows what changed)",
+      "results": "read the results a node-check --save DIR kept instead of running node-check"})
+def baseline_init(c, out=None, force=False, results=None, host=None, group=None, hosts_file=None,
+                  parallel=None, timeout=None, no_color=False):
     """Write a golden config (YAML to review): the fleet's majority of node-check's facts."""
     from ..builtin.node_check import golden
     opts = _options(host, group, hosts_file, False, None, parallel, timeout, False, False, no_color)
-    return golden.init(opts, out or "", force=force)
+    return golden.init(opts, out or "", force=force, results_dir=results)
 
 
 @task(klass=MldiagTask, help={**_GOLDEN_HELP, "json": "print each node's drift as JSON (nothing "
                                                      "else on stdout)",
-      "path": "the golden file (mldiag baseline-init wrote it)"})
-def baseline_diff(c, path, host=None, group=None, hosts_file=None, json=False, parallel=None,
-                  timeout=None, no_color=False):
+      "path": "the golden file (mldiag baseline-init wrote it)",
+      "results": "compare the results a node-check --save DIR kept instead of running node-check"})
+def baseline_diff(c, path, results=None, host=None, group=None, hosts_file=None, json=False,
+                  parallel=None, timeout=None, no_color=False):
     """Show what drifted from a golden config: per node and fact, golden value and now."""
     from ..builtin.node_check import golden
     _not_a_flag("baseline-diff", "golden file", path)
     opts = _options(host, group, hosts_file, json, None, parallel, timeout, False, False, no_color)
-    return golden.diff(opts, path)
+    return golden.diff(opts, path, results_dir=results)
 
 
 def runbook_suites(record) -> List[junit.Suite]:

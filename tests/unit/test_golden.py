@@ -456,3 +456,28 @@ def test_a_node_without_facts_is_left_out_and_named_and_no_facts_at_all_writes_n
     assert not (tmp_path / "none.yaml").exists()
     r = mldiag("baseline-init", "-H", "n1", "--hosts-file", hosts, cwd=tmp_path)
     assert r.returncode == 4 and "--out: expected a file name" in r.stderr
+
+
+def test_a_saved_result_set_is_read_instead_of_running_node_check(fleet, tmp_path):
+    hosts = fleet(n3="derived__h200x8__ecc-off-gpu3")
+    r = mldiag("node-check", "-g", "h200", "--no-dcgm", "--save", "saved", "--hosts-file", hosts,
+               cwd=tmp_path)
+    assert sorted(os.listdir(tmp_path / "saved")) == ["n1.json", "n2.json", "n3.json", "summary.json"]
+    r = mldiag("baseline-init", "--results", "saved", "--out", "golden.yaml", "--hosts-file", hosts,
+               cwd=tmp_path)
+    assert r.returncode == 0 and "from 3 node(s) (n[1-3])" in r.stdout, r.stdout + r.stderr
+    text = (tmp_path / "golden.yaml").read_text()
+    assert '  gpu.gpu3.ecc_mode: "Enabled"   # differs: "Disabled" on n3' in text.splitlines()
+    assert "(`mldiag baseline-init --results saved`)" in text
+    r = mldiag("baseline-diff", "golden.yaml", "--results", "saved", "--json", "--hosts-file", hosts,
+               cwd=tmp_path)
+    assert r.returncode == 2
+    assert {d["target"]: [x["fact"] for x in d["drift"]] for d in json.loads(r.stdout)} == {
+        "n1": [], "n2": [], "n3": ["gpu.gpu3.ecc_mode"]}
+    r = mldiag("baseline-diff", "golden.yaml", "--results", "saved", "-H", "n1", "--hosts-file", hosts,
+               cwd=tmp_path)
+    assert r.returncode == 4 and "-H/-g select nothing there" in r.stderr
+    (tmp_path / "saved" / "n2.json").write_text('{"schema": 2, "target": "n2"}')
+    r = mldiag("baseline-diff", "golden.yaml", "--results", "saved", "--hosts-file", hosts, cwd=tmp_path)
+    assert r.returncode == 4 and r.stderr.startswith("mldiag: saved/n2.json: --results: not a result "
+                                                     "mldiag saved: "), r.stderr

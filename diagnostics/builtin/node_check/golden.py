@@ -565,9 +565,15 @@ def _judged(results: List[Result], golden_of: Callable[[str], Optional[Golden]],
 NODE_CHECK_VALUES = {"no-dcgm": True}    # dcgmi diag reports no facts: minutes saved
 
 
-def _node_check(opts: Any) -> List[Result]:
+def _node_check(opts: Any, results_dir: Optional[str] = None) -> List[Result]:
     """node-check on the selected targets, the results only (the table is not shown; the live
-    progress is, on a terminal)."""
+    progress is, on a terminal); with ``results_dir``, the results a node-check ``--save DIR``
+    kept there instead (nothing runs)."""
+    if results_dir is not None:
+        if opts.host or opts.group:
+            raise InputError("--results DIR: its results are the targets; -H/-g select nothing "
+                             "there (give one or the other)")
+        return saved_results(results_dir)
     import io
     from dataclasses import replace
     from ...engine import execute as engine, jobs
@@ -577,7 +583,43 @@ def _node_check(opts: Any) -> List[Result]:
     return outcome.results
 
 
-def init(opts: Any, out_path: str, *, force: bool = False, out: Optional[TextIO] = None) -> Outcome:
+def saved_results(directory: str) -> List[Result]:
+    """Every node-check result a ``--save DIR`` holds (one ``TARGET.json`` each; summary.json
+    and dot files left out), each read as a target's answer is (``wire.decode_result``: bounded,
+    checked against the result schema): a file that is not one is bad input naming it."""
+    from ...core import wire
+
+    def bad(message: str, path: str = directory) -> InputError:
+        return InputError(message, file=path, key="--results")
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise bad(f"cannot read: {exc.strerror or exc}") from None
+    out = []
+    for name in names:
+        if not name.endswith(".json") or name == "summary.json" or name.startswith("."):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(wire.MAX_RESULT_BYTES + 1)
+        except OSError as exc:
+            raise bad(f"cannot read: {exc.strerror or exc}", path) from None
+        try:
+            result = Result.from_dict(wire.decode_result(raw))
+        except wire.ProtocolError as exc:
+            raise bad(f"not a result mldiag saved: {exc}", path) from None
+        if result.diagnostic != "node-check":
+            raise bad(f"a {safe_text(result.diagnostic)} result, not node-check's", path)
+        out.append(result)
+    if not out:
+        raise bad("no node-check result in it (node-check --save DIR keeps one TARGET.json per "
+                  "target)")
+    return out
+
+
+def init(opts: Any, out_path: str, *, force: bool = False, results_dir: Optional[str] = None,
+         out: Optional[TextIO] = None) -> Outcome:
     """``mldiag baseline-init --out FILE``: node-check on the selected targets, their majority
     written to FILE (with hosts.yaml's groups' sections). Exit 0 written; 3 when no node
     reported facts (nothing written); 4 for bad input (FILE exists without --force)."""
@@ -590,14 +632,16 @@ def init(opts: Any, out_path: str, *, force: bool = False, out: Optional[TextIO]
     if not force:             # before anything connects
         refuse_existing(out_path)
     hosts = topology.load(opts.hosts_file)
-    results = _node_check(opts)
+    results = _node_check(opts, results_dir)
     p = plan(results, hosts.groups)
     if not p.nodes:
         return Outcome(results, EXIT_ERROR, tuple(f"{t}: {why}" for t, why in p.left_out)
                        + (f"--out {out_path}: not written: no node reported facts",))
     written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     hosts_file = os.path.abspath(hosts.path) if hosts.path else None
-    write(out_path, render(p, written=written, hosts_file=hosts_file), force=force)
+    command = "mldiag baseline-init" + (f" --results {results_dir}" if results_dir else "")
+    write(out_path, render(p, written=written, hosts_file=hosts_file, command=safe_text(command)),
+          force=force)
     undecided = [e.key for e in p.facts if not e.decided]
     out.write(f"wrote {out_path}: {sum(1 for e in p.facts if e.decided)} facts from "
               f"{len(p.nodes)} node(s) ({_nodes(p.nodes)})"
@@ -674,7 +718,8 @@ def diff_json(nodes: Sequence[NodeDrift], golden: Golden) -> List[Dict[str, Any]
             for n in nodes]
 
 
-def diff(opts: Any, path: str, *, out: Optional[TextIO] = None) -> Outcome:
+def diff(opts: Any, path: str, *, results_dir: Optional[str] = None,
+         out: Optional[TextIO] = None) -> Outcome:
     """``mldiag baseline-diff FILE``: node-check on the selected targets, each node's facts
     against the golden file (its groups' sections first): per node, per fact, golden and now.
     Exit 2 when a fact drifted, 3 when a node could not be compared, else 0."""
@@ -686,7 +731,7 @@ def diff(opts: Any, path: str, *, out: Optional[TextIO] = None) -> Outcome:
     golden = load(path, key="golden file")
     hosts = topology.load(opts.hosts_file)
     check_groups(golden, hosts.groups, hosts.path)
-    results = _node_check(opts)
+    results = _node_check(opts, results_dir)
     nodes = diff_nodes(results, golden, hosts.groups)
     if opts.json:
         json.dump(diff_json(nodes, golden), out, indent=2, default=str)
