@@ -250,6 +250,34 @@ def test_text_and_a_number_that_print_alike_are_shown_typed():
     assert golden.drift_message(d) == 'x 18, golden "18"'
 
 
+def test_the_diff_table_names_each_drift_its_section_the_nodes_alike_and_those_not_compared():
+    import io
+    g = golden.loads(textwrap.dedent("""\
+        schema: 1
+        written: "2026-12-07T08:00:00+00:00"
+        facts: {driver: "590.48.01", ib.ports: 8}
+        groups:
+          h100: {facts: {gpu.model: "NVIDIA H100 80GB HBM3"}}
+        """), "golden.yaml")
+    results = [node("a", {"driver": "590.48.01", "ib.ports": 8}),
+               node("b", {"driver": "550.54.15", "gpu.model": "NVIDIA H200\x1b[2J"}),
+               Result.failure("node-check", "c", "unreachable", "connection refused")]
+    nodes = golden.diff_nodes(results, g, {"h100": ["b"]})
+    assert golden.diff_exit_code(nodes) == 3 and golden.diff_exit_code(nodes[:2]) == 2
+    assert golden.diff_exit_code(nodes[:1]) == 0
+    out = io.StringIO()
+    golden.render_diff(nodes, g, out)
+    assert out.getvalue().splitlines() == [
+        "golden file: golden.yaml (written 2026-12-07T08:00:00+00:00)",
+        "TARGET  FACT       GOLDEN                 NOW                 FROM",
+        "b       driver     590.48.01              550.54.15           facts",
+        "b       gpu.model  NVIDIA H100 80GB HBM3  NVIDIA H200\\x1b[2J  groups.h100",
+        "b       ib.ports   8                      (missing)           facts",
+        "no drift: a",
+        "not compared: c: unreachable: connection refused"]
+    assert [d["status"] for d in golden.diff_json(nodes, g)] == ["same", "drift", "error"]
+
+
 def test_judgement_uses_each_targets_golden_file_and_the_majority_for_the_rest(tmp_path):
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "golden.yaml").write_text(

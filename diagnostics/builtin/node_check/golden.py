@@ -73,7 +73,7 @@ class Entry:
 
     def odd(self) -> Tuple[Tuple[Any, Tuple[str, ...]], ...]:
         """The values (and nodes) other than the majority's."""
-        return tuple((v, n) for v, n in self.seen if baseline_mod._key(v) != _vote(self.value))
+        return tuple((v, n) for v, n in self.seen if _vote(v) != _vote(self.value))
 
 
 def _vote(value: Any) -> Any:
