@@ -285,8 +285,10 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
                               "IB ports, firmware) to FILE, for a later --baseline",
              kind="file", client=True,
              not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="save-baseline FILE")),
-         Arg("baseline", "report every fact that differs from the baseline in FILE (default: "
-                         "from the majority of the selected nodes)", kind="file", client=True),
+         Arg("baseline", "report every fact that differs from FILE: a golden file (mldiag "
+                         "baseline-init) or a --save-baseline file (default: hosts.yaml's "
+                         "baseline:, else the majority of the selected nodes)", kind="file",
+             client=True),
          Arg("drain", "Slurm: drain the nodes whose worst action is drain or worse (reason "
                       "'mldiag: CODE …'); without it the commands are only printed", kind="bool",
              client=True, not_in_runbook="a runbook reports and changes no node: run "
