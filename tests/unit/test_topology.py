@@ -1081,6 +1081,7 @@ FIELD_VALUES = {
     "persist": st.sampled_from([0, 60, 2.5, -1, 4000, "60"]),
     "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
                               st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
+    "baseline": st.sampled_from(["golden.yaml", "~/g.yaml", "/abs/g.yaml", 3, ""]),
 }
 
 
@@ -1126,6 +1127,8 @@ def check_invariants(topo: Topology) -> None:
         assert target.local == (target.host is None)
         if target.container:
             assert is_safe_token(target.container.id)
+        if target.baseline is not None:           # node-check's golden file, read locally
+            assert os.path.isabs(target.baseline)
         if target.peer_address is not None:       # it becomes a rendezvous argument
             assert is_safe_token(target.peer_address) and not target.peer_address.startswith("-")
     for members in list(topo.groups.values()) + [topo.default_targets]:
