@@ -275,3 +275,140 @@ def test_a_zombie_whose_live_thread_holds_the_gpu(tmp_path):
     zombie.wait(timeout=10)
     (gpu,) = [f for f in got["findings"] if f["code"] == "stuck-gpu-holder"]
     assert f"pid {pid} ({name}, a zombie, thread {tid}) /dev/nvidia0" in gpu["message"], gpu["message"]
+
+
+# --------------------------------------------------------------------------- the NTP offset
+
+# chronyc tracking as chrony 4.3 prints it (chronyc(1): "System time ... the offset between the
+# system clock and true time ... slow/fast"), the offset line changed per case
+CHRONYC_TRACKING = ("Reference ID    : C0A80001 (ntp1.lab)\\n"
+                    "Stratum         : 3\\n"
+                    "Ref time (UTC)  : Mon Dec 07 06:40:01 2026\\n"
+                    "System time     : %s of NTP time\\n"
+                    "Last offset     : -0.000001234 seconds\\n"
+                    "RMS offset      : 0.000023456 seconds\\n"
+                    "Frequency       : 8.042 ppm slow\\n"
+                    "Leap status     : Normal\\n")
+
+
+@pytest.mark.parametrize("system_time, offset, found", [
+    ("0.250000123 seconds slow", -0.250000123, ["clock-ntp-offset"]),
+    ("0.000012345 seconds fast", 0.000012345, []),
+    ("3.500000000 seconds fast", 3.5, ["clock-ntp-offset"]),
+])
+def test_chronys_measured_offset(tmp_path, system_time, offset, found):
+    runner = stand_in(tmp_path, "chronyc", 'printf "%s"\n' % (CHRONYC_TRACKING % system_time))
+    got = run_host(run_tool=runner, proc_root=str(tmp_path), shm_path="/nonexistent")
+    assert got["data"]["clock"] == {"sync": "yes", "ntp_offset_s": offset, "offset_source": "chronyc"}
+    assert codes(got) == found
+    if found:
+        (f,) = got["findings"]
+        assert (f["level"], f["action"]) == ("warn", "monitor")
+        assert f["message"] == "the clock is %.3f s %s of its NTP source (chronyc)" % (
+            abs(offset), "behind" if offset < 0 else "ahead")
+
+
+# timedatectl timesync-status as systemd 252's prints it where systemd-timesyncd runs
+TIMESYNC_STATUS = ("       Server: 192.168.0.1 (ntp1.lab)\\n"
+                   "Poll interval: 34min 8s (min: 32s; max 34min 8s)\\n"
+                   "         Leap: normal\\n"
+                   "      Version: 4\\n"
+                   "      Stratum: 2\\n"
+                   "    Reference: 11FD2274\\n"
+                   "    Precision: 1us (-25)\\n"
+                   "Root distance: 35.541ms (max: 5s)\\n"
+                   "       Offset: %s\\n"
+                   "        Delay: 28.548ms\\n"
+                   "       Jitter: 1.236ms\\n"
+                   " Packet count: 68\\n"
+                   "    Frequency: +8.042ppm\\n")
+
+
+@pytest.mark.parametrize("printed, offset, found", [
+    ("-1.053ms", -0.001053, []),
+    ("+412.5ms", 0.4125, ["clock-ntp-offset"]),
+    ("-2.000104s", -2.000104, ["clock-ntp-offset"]),
+    ("+870us", 0.00087, []),
+])
+def test_timesyncds_measured_offset(tmp_path, printed, offset, found):
+    """timedatectl answers the sync state, and where chronyc is not there, timesyncd's last
+    measured offset."""
+    script = ('case "$1" in show) echo yes ;; timesync-status) printf "%s" ;; *) exit 1 ;; esac\n'
+              % (TIMESYNC_STATUS % printed))
+    got = run_host(run_tool=stand_in(tmp_path, "timedatectl", script), proc_root=str(tmp_path),
+                   shm_path="/nonexistent")
+    clock = got["data"]["clock"]
+    assert (clock["sync"], clock["offset_source"]) == ("yes", "timedatectl")
+    assert clock["ntp_offset_s"] == pytest.approx(offset, abs=1e-12)
+    assert codes(got) == found
+
+
+def test_no_offset_where_neither_tool_says_one(tmp_path):
+    got = run_host(run_tool=stand_in(tmp_path, "timedatectl", 'case "$1" in show) echo no ;; *) exit 1 ;; esac\n'),
+                   proc_root=str(tmp_path), shm_path="/nonexistent")
+    assert got["data"]["clock"] == {"sync": "no", "ntp_offset_s": None, "offset_source": None}
+    assert codes(got) == ["clock-unsynced"]
+
+
+# --------------------------------------------------------------------------- hosts.yaml paths
+
+def entry(name, path, least=None):
+    return {"name": name, "path": str(path), "min_free_gb": least}
+
+
+@root_only
+def test_hosts_yaml_paths_free_space_missing_and_not_a_directory(tmp_path):
+    """A 64 MiB tmpfs (a directory with a space in its name on it), a path that is not there, a
+    file where a directory should be."""
+    with tmpfs(tmp_path / "small fs", "64m") as small:
+        (small / "my ckpt").mkdir()
+        (tmp_path / "a file").write_text("x")
+        paths = [entry("ckpt", small / "my ckpt", 0.5), entry("scratch", small, 0.05),
+                 entry("data", tmp_path / "gone"), entry("weights", tmp_path / "a file", 1),
+                 entry("inside", tmp_path / "a file" / "x")]
+        got = run_host(paths=paths, shm_path="/nonexistent")
+    states = {p["name"]: p for p in got["data"]["paths"]}
+    assert states["ckpt"]["state"] == "ok" and states["ckpt"]["total_gb"] == pytest.approx(0.067, abs=0.001)
+    assert 0.06 < states["ckpt"]["free_gb"] <= states["ckpt"]["total_gb"]
+    assert (states["data"]["state"], states["weights"]["state"], states["inside"]["state"]) == (
+        "missing", "not-a-directory", "missing")
+    found = [(f["code"], f["level"], f["action"], f["message"]) for f in got["findings"]
+             if f["code"].startswith("path-")]
+    assert found == [
+        ("path-low-space", "warn", "monitor", "hosts.yaml path ckpt (%s) has 0.1 GB free of 0.1 GB, under "
+         "the 0.5 GB asked (min_free_gb)" % (small / "my ckpt")),
+        ("path-missing", "warn", "monitor", "hosts.yaml path data (%s) does not exist" % (tmp_path / "gone")),
+        ("path-missing", "warn", "monitor", "hosts.yaml path weights (%s) is not a directory" % (tmp_path / "a file")),
+        ("path-missing", "warn", "monitor", "hosts.yaml path inside (%s) does not exist" % (tmp_path / "a file" / "x")),
+    ]
+
+
+@root_only
+def test_a_path_on_a_hung_mount_costs_one_timeout(tmp_path):
+    """A hosts.yaml path on a FUSE mount that never answers: path-hung (drain) beside the
+    mount's own mount-hung, within one timeout for both (the stats run side by side)."""
+    with hung_fuse(tmp_path / "mnt") as mnt:
+        t0 = time.monotonic()
+        got = run_host(paths=[entry("ckpt", mnt / "ckpt", 100), entry("tmp", tmp_path)],
+                       mount_timeout=1.0, stuck_recheck=0.0, shm_path="/nonexistent")
+        took = time.monotonic() - t0
+    assert took < 3, took
+    assert [p["state"] for p in got["data"]["paths"]] == ["hung", "ok"]
+    (f,) = [f for f in got["findings"] if f["code"] == "path-hung"]
+    assert (f["level"], f["action"], f["message"]) == (
+        "fail", "drain", "hosts.yaml path ckpt (%s) did not answer a stat within 1 s" % (mnt / "ckpt"))
+    assert any(f["code"] == "mount-hung" and str(mnt) in f["message"] for f in got["findings"])
+
+
+def test_the_paths_argument_as_node_check_reads_it():
+    """--paths is the client's JSON token; by hand, a malformed one is refused naming the flag
+    and an entry that is not one of hosts.yaml's shape is left out."""
+    assert nc.parse_paths('[{"name": "ckpt", "path": "/my ckpt", "min_free_gb": 500}, {"name": "x", "path": "rel"}, '
+                          '{"name": "d", "path": "/d", "min_free_gb": true}, "/e"]') == [
+        {"name": "ckpt", "path": "/my ckpt", "min_free_gb": 500}, {"name": "d", "path": "/d", "min_free_gb": None}]
+    with pytest.raises(SystemExit, match="^--paths: not JSON: "):
+        nc.parse_paths("[{")
+    with pytest.raises(SystemExit, match=r'^--paths: a JSON list, like \[\{"name"'):
+        nc.parse_paths('{"ckpt": "/ckpt"}')
+    with pytest.raises(SystemExit, match='^--expect: a JSON object, like {"gpus": 8}$'):
+        nc.parse_expect("[8]")
