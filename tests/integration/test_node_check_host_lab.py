@@ -14,6 +14,7 @@ import base64
 import importlib.util
 import json
 import os
+import re
 from functools import partial
 from pathlib import Path
 
@@ -118,8 +119,11 @@ def test_the_lab_nodes_at_zero_and_one_really_30_s_ahead(lab, node_cts, faketime
     assert clock_codes(ahead) == ["clock-offset", "clock-skew"], ahead["findings"]
     found = {f["code"]: f for f in ahead["findings"]}
     assert (found["clock-offset"]["level"], found["clock-offset"]["action"]) == ("warn", "monitor")
-    assert found["clock-offset"]["message"].startswith(f"the clock is {measured['offset_s']:.3f} s ahead of "
-                                                       "this machine's (± ")
+    said = re.fullmatch(r"the clock is ([0-9.]+) s ahead of this machine's \(± ([0-9.]+) s, measured by mldiag\)",
+                        found["clock-offset"]["message"])
+    assert said, found["clock-offset"]
+    assert (float(said[1]), float(said[2])) == (pytest.approx(measured["offset_s"], abs=0.0011),
+                                                pytest.approx(measured["bound_s"], abs=0.0011))
     assert "of the median of the 4 nodes measured" in found["clock-skew"]["message"]
     assert ahead["status"] in ("warn", "fail") and ahead["data"]["worst_action"] != "none"
 

@@ -97,15 +97,18 @@ def test_the_bound_is_subtracted_before_the_limit(offset, bound, flagged):
     assert codes(found, "a") == ([("clock-offset", "warn", "monitor")] if flagged else [])
 
 
-def test_two_nodes_apart_and_an_unmeasured_one():
-    """Two nodes 4 s apart: the median lies between them, both are 2 s from it (less the
-    bounds): both named. A node that was not measured (an error row, no stamp) is in no count."""
+def test_two_nodes_apart_and_unmeasured_ones():
+    """Two nodes 4 s apart: which one is off, the median cannot say (it lies between them): no
+    clock-skew; the one 4 s off this machine is clock-offset, and the spread is on both. A node
+    that was not measured (an error row, no stamp) is in no count."""
     results = [node("a", 0.0), node("b", 4.0), result("c", status="error"), result("d", wall=1.0, run_s=0.1)]
     found = clock.findings(results)
-    assert codes(found, "a") == [("clock-skew", "warn", "monitor")]
+    assert list(found) == ["b"] and codes(found, "b") == [("clock-offset", "warn", "monitor")]
+    assert results[0].data[clock.KEY]["nodes_spread_s"] == pytest.approx(4.0)
+    assert clock.KEY not in results[3].data
+    found = clock.findings([node("a", 0.0), node("b", 4.0), node("e", 0.0)])
     assert codes(found, "b") == [("clock-offset", "warn", "monitor"), ("clock-skew", "warn", "monitor")]
-    assert "of the 2 nodes measured" in found["a"][0].message
-    assert clock.KEY not in results[3].data and "c" not in found and "d" not in found
+    assert "of the 3 nodes measured" in found["b"][1].message and list(found) == ["b"]
 
 
 def test_none_measured_nothing_found():

@@ -27,9 +27,10 @@ code            level  action   when
 clock-offset    warn   monitor  ``|offset_s| - bound_s`` over MAX_OFFSET_S against this
                                 machine (every node about equally off: it is this
                                 machine's clock, which the hint says)
-clock-skew      warn   monitor  two or more nodes measured, and this node's offset from
-                                their median offset over MAX_OFFSET_S once both bounds are
-                                subtracted
+clock-skew      warn   monitor  three or more nodes measured (the baseline's majority:
+                                of two, the median names both), and this node's offset
+                                from their median offset over MAX_OFFSET_S once both
+                                bounds are subtracted
 ==============  =====  =======  =========================================================
 
 ``data.clock_offset`` on each measured result: ``sent_s``, ``received_s`` (this machine's wall
@@ -45,6 +46,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ...core.results import Finding, Result
+from .baseline import MIN_MAJORITY_NODES
 
 MAX_OFFSET_S = 1.0
 KEY = "clock_offset"
@@ -131,7 +133,7 @@ def findings(results: List[Result], limit: float = MAX_OFFSET_S) -> Dict[str, Li
                      "node off by about the same amount: it is this machine's clock (chronyc "
                      "tracking here)"))
         apart = offset - median
-        if len(measured) >= 2 and abs(apart) - bound - median_bound > limit:
+        if len(measured) >= MIN_MAJORITY_NODES and abs(apart) - bound - median_bound > limit:
             found.append(Finding(
                 level="warn", code="clock-skew", action="monitor", check="host",
                 message=f"the clock is {abs(apart):.3f} s {_ahead(apart)} the median of the "
