@@ -122,7 +122,7 @@ def hugepages(proc="/proc"):
 
 # --------------------------------------------------------------------------- time sync
 
-SECONDS_OF = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
+SECONDS_OF = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def chrony_offset(text):
@@ -141,18 +141,23 @@ def chrony_offset(text):
 
 
 def timesyncd_offset(text):
-    """timedatectl timesync-status's "Offset: -1.053ms" (systemd-timesyncd's last measured
-    offset, as it prints it) in seconds, or None."""
+    """timedatectl timesync-status's "Offset: -1.053ms" (systemd-timesyncd's last measurement)
+    as system time minus NTP time in seconds, or None. systemd prints NTP's offset,
+    ((T2 - T1) + (T3 - T4)) / 2, server minus local, signed, then format_timespan's units
+    ("+870us", "-2.000104s", "+1min 3.500000s"): negated here, to read as chrony's does."""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() != "Offset":
-            continue
         value = value.strip()
-        number = value.rstrip("abcdefghijklmnopqrstuvwxyz\u00b5")
-        try:
-            return float(number) * SECONDS_OF[value[len(number):]]
-        except (ValueError, KeyError):
-            return None
+        if key.strip() != "Offset" or value[:1] not in ("+", "-"):
+            continue
+        total = 0.0
+        for part in value[1:].split():
+            number = part.rstrip("abcdefghijklmnopqrstuvwxyz")
+            try:
+                total += float(number) * SECONDS_OF[part[len(number):]]
+            except (ValueError, KeyError):
+                return None
+        return -total if value[0] == "+" else total
     return None
 
 

@@ -325,14 +325,17 @@ TIMESYNC_STATUS = ("       Server: 192.168.0.1 (ntp1.lab)\\n"
 
 
 @pytest.mark.parametrize("printed, offset, found", [
-    ("-1.053ms", -0.001053, []),
-    ("+412.5ms", 0.4125, ["clock-ntp-offset"]),
-    ("-2.000104s", -2.000104, ["clock-ntp-offset"]),
-    ("+870us", 0.00087, []),
+    # systemd prints NTP's offset, server minus local ("+": this clock is behind), with
+    # format_timespan's units; ntp_offset_s is system minus NTP time, as chrony's
+    ("-1.053ms", 0.001053, []),
+    ("+412.5ms", -0.4125, ["clock-ntp-offset"]),
+    ("-2.000104s", 2.000104, ["clock-ntp-offset"]),
+    ("+870us", -0.00087, []),
+    ("+1min 3.500000s", -63.5, ["clock-ntp-offset"]),
 ])
 def test_timesyncds_measured_offset(tmp_path, printed, offset, found):
     """timedatectl answers the sync state, and where chronyc is not there, timesyncd's last
-    measured offset."""
+    measured offset (systemd's timedatectl.c: print_ntp_status_info)."""
     script = ('case "$1" in show) echo yes ;; timesync-status) printf "%s" ;; *) exit 1 ;; esac\n'
               % (TIMESYNC_STATUS % printed))
     got = run_host(run_tool=stand_in(tmp_path, "timedatectl", script), proc_root=str(tmp_path),
