@@ -294,7 +294,9 @@ def children(runs, timeout):
     started = []
     for code, argument in runs:
         try:
-            p = subprocess.Popen([sys.executable, "-c", code, argument], stdin=subprocess.DEVNULL,
+            # -I -S: no site-packages nor PYTHON* env read (the child needs the stdlib only):
+            # 16 children took 0.24 s instead of 0.33 s on a 2-core machine
+            p = subprocess.Popen([sys.executable, "-I", "-S", "-c", code, argument], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                  start_new_session=True)
         except OSError:
