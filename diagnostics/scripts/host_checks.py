@@ -30,8 +30,9 @@ stuck-gpu-holder        fail   reboot    a process with a thread in D state (twi
 stuck-processes         warn   monitor   processes in D state (twice) holding no GPU
 mount-hung              fail   drain     a network filesystem (nfs, lustre, cifs, fuse, ...)
                                          whose stat did not return within MOUNT_TIMEOUT_S
-path-missing            warn   monitor   a hosts.yaml ``paths:`` entry that does not exist or is
-                                         not a directory (a mount that did not come up here)
+path-missing            warn   monitor   a hosts.yaml ``paths:`` entry that does not exist, is
+                                         not a directory or cannot be stat-ed by this user (a
+                                         mount that did not come up here, its permissions)
 path-hung               fail   drain     its stat/statvfs did not return within
                                          MOUNT_TIMEOUT_S (as mount-hung: a dead server)
 path-low-space          warn   monitor   under the entry's ``min_free_gb`` free (to this user:
@@ -287,10 +288,10 @@ print(json.dumps({"state": "ok", "free": v.f_bavail * v.f_frsize, "total": v.f_b
 
 
 def children(runs, timeout):
-    """[stdout text, or None where the child did not end within ``timeout``] of one child
-    process per (code, argument) in ``runs``, all started at once: a stat stuck on a dead server
-    is a process the kernel holds; ours never waits on it past the timeout, and kills it (NFS
-    and FUSE waits are killable). A child that could not start answers ""."""
+    """[stdout text, or None where the child did not end within ``timeout``, or the OSError of
+    one that could not start] of one child process per (code, argument) in ``runs``, all
+    started at once: a stat stuck on a dead server is a process the kernel holds; ours never
+    waits on it past the timeout, and kills it (NFS and FUSE waits are killable)."""
     started = []
     for code, argument in runs:
         try:
@@ -299,14 +300,14 @@ def children(runs, timeout):
             p = subprocess.Popen([sys.executable, "-I", "-S", "-c", code, argument], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                  start_new_session=True)
-        except OSError:
-            p = None
+        except OSError as e:
+            p = e
         started.append(p)
     deadline = time.monotonic() + timeout
     out = []
     for p in started:
-        if p is None:
-            out.append("")
+        if isinstance(p, OSError):
+            out.append(p)
             continue
         try:
             # a few hundred bytes at most: the pipe never fills before the child ends
@@ -319,7 +320,7 @@ def children(runs, timeout):
             except OSError:
                 pass
     for p in started:
-        if p is None:
+        if isinstance(p, OSError):
             continue
         try:
             p.wait(timeout=1)
@@ -336,6 +337,9 @@ def path_states(paths, answers):
         got = {"name": entry["name"], "path": entry["path"], "min_free_gb": entry.get("min_free_gb")}
         if answer is None:
             got["state"] = "hung"
+        elif isinstance(answer, OSError):
+            got["state"], got["error"] = "error", "its stat child did not start: %s" % (
+                answer.strerror or answer)
         else:
             try:
                 seen = json.loads(answer)

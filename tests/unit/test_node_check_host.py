@@ -415,3 +415,47 @@ def test_the_paths_argument_as_node_check_reads_it():
         nc.parse_paths('{"ckpt": "/ckpt"}')
     with pytest.raises(SystemExit, match='^--expect: a JSON object, like {"gpus": 8}$'):
         nc.parse_expect("[8]")
+
+
+CHECK_PATHS = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import host_checks, node_check
+    def no_tool(argv, timeout=10):
+        return node_check.Tool("missing", None, "", "", 0.0)
+    got = host_checks.check({}, no_tool, proc_root="/nonexistent", sys_root="/nonexistent", shm_path="/nonexistent",
+                            paths=[{"name": "ckpt", "path": sys.argv[2], "min_free_gb": 1}])
+    print(json.dumps([got["data"]["paths"], [f for f in got["findings"] if f["code"].startswith("path-")]]))
+''')
+
+
+@root_only
+def test_a_path_this_user_cannot_reach(tmp_path):
+    """node-check run as a user the path's parent keeps out (0700, root's): the stat fails with
+    EACCES, said as such (not "does not exist")."""
+    (tmp_path / "private" / "ckpt").mkdir(parents=True)
+    (tmp_path / "private").chmod(0o700)
+    os.chmod(tmp_path, 0o755)
+    # the system's python3: this one may be under a directory the user cannot enter (pyenv's)
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                        CHECK_PATHS, str(SCRIPTS), str(tmp_path / "private" / "ckpt")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    import json
+    (state,), (f,) = json.loads(p.stdout)
+    assert (state["state"], state["error"]) == ("error", "Permission denied"), state
+    assert (f["code"], f["level"], f["action"], f["message"]) == (
+        "path-missing", "warn", "monitor",
+        "hosts.yaml path ckpt (%s) cannot be read: Permission denied" % (tmp_path / "private" / "ckpt"))
+
+
+def test_a_stat_child_that_cannot_start_is_said(tmp_path, monkeypatch):
+    """No interpreter to start the child with (a node whose python went away under the run):
+    the path's state says so, and no mount is called hung."""
+    monkeypatch.setattr(host.sys, "executable", str(tmp_path / "no-python"))
+    got = run_host(paths=[entry("ckpt", tmp_path, 1)], shm_path="/nonexistent")
+    assert got["data"]["paths"] == [{"name": "ckpt", "path": str(tmp_path), "min_free_gb": 1, "state": "error",
+                                     "error": "its stat child did not start: No such file or directory"}]
+    assert [f["message"] for f in got["findings"] if f["code"].startswith(("path-", "mount-"))] == [
+        "hosts.yaml path ckpt (%s) cannot be read: its stat child did not start: No such file or directory"
+        % tmp_path]
