@@ -443,8 +443,8 @@ def check(expect, run_tool, **options):
                                                 "log lines across nodes depend on it"))
     if offset is not None and abs(offset) > NTP_OFFSET_MAX_S:
         findings.append(finding(
-            "warn", "clock-ntp-offset", "the clock is %.3f s %s of its NTP source (%s)" % (
-                abs(offset), "behind" if offset < 0 else "ahead", offset_source), "monitor",
+            "warn", "clock-ntp-offset", "the clock is %.3f s %s its NTP source (%s)" % (
+                abs(offset), "behind" if offset < 0 else "ahead of", offset_source), "monitor",
             hint="a synchronised clock is within milliseconds: a large offset is a clock being "
                  "slewed after a step or a bad source (chronyc sources -v; chronyc makestep)"))
 

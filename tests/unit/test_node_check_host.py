@@ -2,17 +2,23 @@
 machine: a small tmpfs as /dev/shm, the locked-memory limit set with ulimit, a FUSE mount whose
 server never answers (a hung network filesystem: its stat sleeps in the kernel, in D state) and a
 process stuck on it holding a file it opened as /dev/nvidia0 (in a mount namespace of its own,
-where /dev is a tmpfs). Where the real thing needs what this machine has not -- systemd's
-timedatectl, chronyc, huge pages -- a stand-in prints what the real tool prints, and a recorded
-/proc/meminfo is read. Mounting needs root: CI runs as root."""
+where /dev is a tmpfs); two real chronyd (-x: the clock untouched) where chrony is installed,
+one told its server is 0.5 s ahead. Where the real thing needs what this machine has not --
+systemd's timedatectl, huge pages -- a stand-in prints what the real tool prints (chronyc: a
+recording of that real chronyd), and a recorded /proc/meminfo is read. Mounting needs root: CI
+runs as root."""
 
 import ctypes
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -279,33 +285,90 @@ def test_a_zombie_whose_live_thread_holds_the_gpu(tmp_path):
 
 # --------------------------------------------------------------------------- the NTP offset
 
-# chronyc tracking as chrony 4.3 prints it (chronyc(1): "System time ... the offset between the
-# system clock and true time ... slow/fast"), the offset line changed per case
-CHRONYC_TRACKING = ("Reference ID    : C0A80001 (ntp1.lab)\\n"
-                    "Stratum         : 3\\n"
-                    "Ref time (UTC)  : Mon Dec 07 06:40:01 2026\\n"
-                    "System time     : %s of NTP time\\n"
-                    "Last offset     : -0.000001234 seconds\\n"
-                    "RMS offset      : 0.000023456 seconds\\n"
-                    "Frequency       : 8.042 ppm slow\\n"
-                    "Leap status     : Normal\\n")
+# chronyc tracking as chrony 4.3 printed it (tests/fixtures/chrony/README.md: a real chronyd
+# told its server is half a second ahead), its "System time" line changed per case
+CHRONY = Path(__file__).resolve().parents[1] / "fixtures" / "chrony"
+TRACKING = (CHRONY / "tracking-0.5s-slow.txt").read_text()
 
 
-@pytest.mark.parametrize("system_time, offset, found", [
-    ("0.250000123 seconds slow", -0.250000123, ["clock-ntp-offset"]),
-    ("0.000012345 seconds fast", 0.000012345, []),
-    ("3.500000000 seconds fast", 3.5, ["clock-ntp-offset"]),
+def tracking_with(system_time):
+    return re.sub(r"(?m)^(System time     : ).*$", lambda m: m.group(1) + system_time + " of NTP time", TRACKING)
+
+
+def offset_message(offset, source):
+    return "the clock is %.3f s %s its NTP source (%s)" % (abs(offset), "behind" if offset < 0 else "ahead of", source)
+
+
+@pytest.mark.parametrize("tracking, offset, found", [
+    (TRACKING, -0.49999854, ["clock-ntp-offset"]),                       # as recorded
+    (tracking_with("0.000012345 seconds fast"), 0.000012345, []),
+    (tracking_with("3.500000000 seconds fast"), 3.5, ["clock-ntp-offset"]),
+    (tracking_with("0.099000000 seconds slow"), -0.099, []),
 ])
-def test_chronys_measured_offset(tmp_path, system_time, offset, found):
-    runner = stand_in(tmp_path, "chronyc", 'printf "%s"\n' % (CHRONYC_TRACKING % system_time))
+def test_chronys_measured_offset(tmp_path, tracking, offset, found):
+    (tmp_path / "tracking.txt").write_text(tracking)
+    runner = stand_in(tmp_path, "chronyc", 'exec cat "%s"\n' % (tmp_path / "tracking.txt"))
     got = run_host(run_tool=runner, proc_root=str(tmp_path), shm_path="/nonexistent")
     assert got["data"]["clock"] == {"sync": "yes", "ntp_offset_s": offset, "offset_source": "chronyc"}
     assert codes(got) == found
     if found:
         (f,) = got["findings"]
-        assert (f["level"], f["action"]) == ("warn", "monitor")
-        assert f["message"] == "the clock is %.3f s %s of its NTP source (chronyc)" % (
-            abs(offset), "behind" if offset < 0 else "ahead")
+        assert (f["level"], f["action"], f["message"]) == ("warn", "monitor", offset_message(offset, "chronyc"))
+
+
+def chrony_binaries():
+    """chronyd and chronyc: installed, or an unpacked package that $MLDIAG_TEST_CHRONY names."""
+    root = os.environ.get("MLDIAG_TEST_CHRONY")
+    found = ((os.path.join(root, "usr/sbin/chronyd"), os.path.join(root, "usr/bin/chronyc")) if root
+             else (shutil.which("chronyd") or "/usr/sbin/chronyd", shutil.which("chronyc") or "/usr/bin/chronyc"))
+    if not all(os.access(f, os.X_OK) for f in found):
+        pytest.skip("chrony is not installed (or unpack it: tests/fixtures/chrony/README.md)")
+    return found
+
+
+@root_only
+def test_a_real_chronyd_whose_clock_is_half_a_second_slow(tmp_path):
+    """Two real chronyd, neither allowed to touch the clock (-x): a server, and its client told
+    the server is 0.5 s ahead (its offset option). The host check reads the client's own
+    chronyc tracking: 0.5 s slow of NTP time."""
+    chronyd, chronyc = chrony_binaries()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:     # a UDP port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)                    # chronyd refuses a command socket in an open dir
+    (tmp_path / "server.conf").write_text(
+        f"local stratum 8\nallow 127.0.0.1\nport {port}\nbindaddress 127.0.0.1\ncmdport 0\n"
+        f"bindcmdaddress {run}/server.sock\npidfile {run}/server.pid\n")
+    (tmp_path / "client.conf").write_text(
+        f"server 127.0.0.1 port {port} iburst minpoll -4 maxpoll -4 offset 0.5\nport 0\ncmdport 0\n"
+        f"bindcmdaddress {run}/client.sock\npidfile {run}/client.pid\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chronyc").write_text(f'#!/bin/sh\nexec "{chronyc}" -h "{run}/client.sock" "$@"\n')
+    (bin_dir / "chronyc").chmod(0o755)
+    daemons = [subprocess.Popen([chronyd, "-d", "-x", "-u", "root", "-f", str(tmp_path / f"{name}.conf"), "-L", "0"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for name in ("server", "client")]
+    try:
+        end, got = time.monotonic() + 20, None
+        while time.monotonic() < end:
+            got = run_host(run_tool=nc.ToolRunner(path=str(bin_dir)), proc_root=str(tmp_path), shm_path="/nonexistent")
+            offset = got["data"]["clock"]["ntp_offset_s"]
+            if offset is not None and abs(offset + 0.5) < 0.01:
+                break
+            time.sleep(0.5)
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+        for daemon in daemons:
+            daemon.wait(timeout=10)
+    clock = got["data"]["clock"]
+    assert (clock["sync"], clock["offset_source"]) == ("yes", "chronyc"), clock
+    assert clock["ntp_offset_s"] == pytest.approx(-0.5, abs=0.01), clock
+    (f,) = got["findings"]
+    assert (f["code"], f["level"], f["action"]) == ("clock-ntp-offset", "warn", "monitor")
+    assert f["message"] == offset_message(clock["ntp_offset_s"], "chronyc")
 
 
 # timedatectl timesync-status as systemd 252's prints it where systemd-timesyncd runs
