@@ -9,6 +9,7 @@ recording of that real chronyd), and a recorded /proc/meminfo is read. Mounting 
 runs as root."""
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -504,7 +505,6 @@ def test_a_path_this_user_cannot_reach(tmp_path):
                         CHECK_PATHS, str(SCRIPTS), str(tmp_path / "private" / "ckpt")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    import json
     (state,), (f,) = json.loads(p.stdout)
     assert (state["state"], state["error"]) == ("error", "Permission denied"), state
     assert (f["code"], f["level"], f["action"], f["message"]) == (
@@ -522,3 +522,27 @@ def test_a_stat_child_that_cannot_start_is_said(tmp_path, monkeypatch):
     assert [f["message"] for f in got["findings"] if f["code"].startswith(("path-", "mount-"))] == [
         "hosts.yaml path ckpt (%s) cannot be read: its stat child did not start: No such file or directory"
         % tmp_path]
+
+
+@root_only
+def test_mldiag_node_check_with_a_hosts_yaml_path_on_a_hung_mount(tmp_path):
+    """End to end on this machine (a local target: the real runtime, no SSH): a hosts.yaml path
+    with a space in it on a FUSE mount that never answers costs the run one stat deadline
+    (5 s), and says path-hung (drain) beside mount-hung; the other path's free space is read."""
+    from tests import programs
+    with hung_fuse(tmp_path / "dead mnt") as mnt:
+        hosts = tmp_path / "hosts.yaml"
+        hosts.write_text(json.dumps({"hosts": {"here": {"local": True, "paths": {
+            "ckpt": {"path": str(mnt / "ckpt"), "min_free_gb": 1}, "scratch": str(tmp_path)}}}}))
+        t0 = time.monotonic()
+        r = programs.mldiag("node-check", "--hosts-file", hosts, "-H", "here", "--no-dcgm", "--json", timeout=60)
+        took = time.monotonic() - t0
+    (doc,) = json.loads(r.stdout)
+    assert took < host.MOUNT_TIMEOUT_S + 5, took
+    assert [(p["name"], p["state"]) for p in doc["data"]["host"]["paths"]] == [("ckpt", "hung"), ("scratch", "ok")]
+    found = {f["code"]: f for f in doc["findings"]}
+    assert (found["path-hung"]["level"], found["path-hung"]["action"]) == ("fail", "drain")
+    assert found["path-hung"]["message"] == "hosts.yaml path ckpt (%s) did not answer a stat within 5 s" % (mnt / "ckpt")
+    assert str(mnt) in found["mount-hung"]["message"]
+    assert (r.returncode, doc["status"], doc["data"]["worst_action"]) == (2, "fail", "drain"), r.stderr
+    print(f"node-check with a hung path: {took:.2f} s")
