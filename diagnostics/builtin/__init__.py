@@ -70,9 +70,18 @@ def _node_check_timeout(values: Values) -> Optional[float]:
 
 
 def _expect_block(target: Any) -> List[str]:
-    """node-check: the target's ``expect:`` block, one JSON token (keys and integers only)."""
+    """node-check: the target's ``expect:`` block, one JSON token (keys and integers only), and
+    its ``paths:``, one JSON token too: a token of the job's argv travels in the bundle, never on
+    a command line (invariant 1), so a path with a space or a quote in it is sent as it is."""
     expect = target.expect_dict
-    return [f"--expect={json.dumps(expect, sort_keys=True)}"] if expect else []
+    paths = [{"name": name, "path": path, "min_free_gb": least} for name, path, least in target.paths]
+    return (([f"--expect={json.dumps(expect, sort_keys=True)}"] if expect else [])
+            + ([f"--paths={json.dumps(paths)}"] if paths else []))
+
+
+def _node_check_timed(job: Any, values: Values) -> Any:
+    from .node_check import clock
+    return clock.stamped(job, values)
 
 
 def _node_check_check(values: Values) -> None:
@@ -303,7 +312,8 @@ BUILTINS: Tuple[DiagnosticSpec, ...] = (
              not_in_runbook=_NOT_A_RUNBOOK_OUTPUT.format(flag="prom FILE"))),
         companions=("kernel_log.py", "xid.py", "xid_catalog.json", "nvlink.py", "nvfabric.py", "pcie.py",
                     "ib.py", "dcgm.py", "host_checks.py", "gpu_host.py"),
-        target_argv=_expect_block, least_timeout=_node_check_timeout, check=_node_check_check,
+        target_argv=_expect_block, least_timeout=_node_check_timeout, finish=_node_check_timed,
+        check=_node_check_check,
         judge=_node_check_judge, view=_node_check_view, run=_node_check_run),
     DiagnosticSpec(
         "nccl-check", "A node's collective bus bandwidth (nccl-tests, else torch.distributed), "

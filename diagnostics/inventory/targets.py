@@ -67,6 +67,9 @@ class Target:
     # node-check's expectations (EXPECT_KEYS), merged defaults → host → container; ``gpus:``
     # is the shorthand of ``expect: {gpus: N}``
     expect: Tuple[Tuple[str, int], ...] = ()
+    # hosts.yaml paths: ((name, absolute directory, least free GB or None), ...), merged
+    # defaults → host → container by name; node-check's host check stats them on the node
+    paths: Tuple[Tuple[str, str, Optional[float]], ...] = ()
     slurm: Optional[Slurm] = None
     tmpdir: Optional[str] = None            # where the private temp dir is made (default: $TMPDIR, /tmp, ...)
     code_cache: bool = True                 # the target may keep mldiag's own code compiled (scripts/_stage_a.py)

@@ -285,6 +285,45 @@ def _expect(value: Any, at: At) -> Dict[str, int]:
     return expected
 
 
+# The ``paths:`` block: directories a job writes to or reads from (checkpoints, datasets), each
+# with the free space a healthy node has there; node-check's host check stats them on the node.
+PATH_KEYS = ("path", "min_free_gb")
+MAX_PATHS = 32          # node-check stats each in a child process of its own, all at once
+
+
+def _paths(value: Any, at: At) -> Dict[str, Tuple[str, Optional[float]]]:
+    """``NAME: /abs/path`` or ``NAME: {path: /abs/path, min_free_gb: GB}``. The path travels in
+    the bundle (node-check's --paths, one JSON token of the job's argv, never a command line:
+    invariant 1), so any character but NUL may be in it; ``~`` is not expanded on the node."""
+    paths = {}
+    mapping = expect_mapping(value, at)
+    if len(mapping) > MAX_PATHS:
+        raise at.error(f"{len(mapping)} paths: at most {MAX_PATHS}")
+    for name, spec, where in items_at(mapping, at):
+        expect_name(name, where)
+        path_at, least, least_at = where, None, where
+        if isinstance(spec, LineMapping):
+            for key, setting, key_at in items_at(spec, where):
+                if key not in PATH_KEYS:
+                    raise key_at.error(unknown_key(key, PATH_KEYS))
+            if "path" not in spec:
+                raise where.error("expected path: (an absolute directory on the node), e.g. "
+                                  "{path: /ckpt, min_free_gb: 500}")
+            path_at = where.child("path", spec.key_lines.get("path", spec.line))
+            least = spec.get("min_free_gb")
+            least_at = where.child("min_free_gb", spec.key_lines.get("min_free_gb", spec.line))
+            spec = spec["path"]
+        path = expect_string(spec, path_at, "an absolute directory on the node, or {path: DIR, "
+                                            "min_free_gb: GB}")
+        if not path.startswith("/") or "\0" in path:
+            raise path_at.error(f"expected an absolute path, got {show(path)}"
+                                + (" ('~' is not expanded on the node)" if path.startswith("~") else ""))
+        if least is not None and not (is_number(least) and 0 <= least < 1e12):
+            raise least_at.error(f"expected a number of GB of at least 0, got {show(least)}")
+        paths[name] = (path, None if least is None else float(least))
+    return paths
+
+
 def _slurm_time(value: Any, at: At) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)  # minutes, as sbatch --time reads a bare number
@@ -338,7 +377,7 @@ _CHECKS: Dict[str, Callable[[Any, At], Any]] = {
     "connect_timeout": expect_seconds, "identity_file": _identity_file, "persist": _persist,
     "host_key_policy": expect_choice(HOST_KEY_POLICIES), "become": _become, "env": _env,
     "activate": _activate, "address": expect_string, "jump": expect_name, "local": expect_boolean,
-    "models": _models, "gpus": expect_count, "expect": _expect, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
+    "models": _models, "gpus": expect_count, "expect": _expect, "paths": _paths, "runtime": expect_choice(RUNTIMES), "id": expect_argument,
     "namespace": expect_argument, "container": expect_argument, "exec_user": expect_argument,
     "partition": expect_argument, "nodes": expect_positive_count, "gpus_per_node": expect_count,
     "time": _slurm_time, "account": expect_argument, "nodelist": _nodelist,
@@ -354,17 +393,17 @@ CONNECTION_KEYS = ("address", "port", "user", "jump", "identity_file", "connect_
 RUN_KEYS = ("python", "timeout", "env", "activate", "tmpdir", "code_cache")
 DEFAULTS_KEYS = ("user", "port", "python", "timeout", "connect_timeout", "persist", "targets",
                  "identity_file", "host_key_policy", "become", "env", "activate", "tmpdir",
-                 "code_cache", "expect", "baseline")
+                 "code_cache", "expect", "baseline", "paths")
 # peer_address: the address a group's other members reach this target at (nccl-check --pairs,
 # --across; engine/groups.py), where it is not the one mldiag connects to: a container's own
 # address, a host's on the cluster network. Never inherited: it is one target's.
 HOST_KEYS = ("local",) + CONNECTION_KEYS + ("become",) + RUN_KEYS + (
-    "models", "gpus", "expect", "baseline", "containers", "slurm", "peer_address")
+    "models", "gpus", "expect", "baseline", "paths", "containers", "slurm", "peer_address")
 CONTAINER_KEYS = ("runtime", "id", "namespace", "container", "exec_user") + RUN_KEYS + (
-    "models", "gpus", "expect", "baseline", "peer_address")
+    "models", "gpus", "expect", "baseline", "paths", "peer_address")
 SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "account", "nodelist", "reservation")
 KUBECTL_ONLY_KEYS = ("namespace", "container")
-INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect", "baseline")
+INHERITED_KEYS = RUN_KEYS + ("models", "gpus", "expect", "baseline", "paths")
 
 
 @dataclass(frozen=True)
@@ -571,11 +610,12 @@ def _ssh_host(entry: _HostEntry, defaults: _Fields, jump: Optional[SshHost]) -> 
 
 
 def _inherit(*levels: Dict[str, Any]) -> Dict[str, Any]:
-    """defaults → host → container: env maps merge (the inner key wins), the rest overrides."""
+    """defaults → host → container: env, expect and paths maps merge (the inner key wins), the
+    rest overrides."""
     merged: Dict[str, Any] = {}
     for level in levels:
         for key in INHERITED_KEYS:
-            if key in ("env", "expect") and key in level:
+            if key in ("env", "expect", "paths") and key in level:
                 merged[key] = {**merged.get(key, {}), **level[key]}
             elif key in level:
                 merged[key] = level[key]
@@ -583,6 +623,9 @@ def _inherit(*levels: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -> Target:
+    if len(settings.get("paths", {})) > MAX_PATHS:
+        raise source.error(f"{len(settings['paths'])} paths in all (defaults, host and container "
+                           f"together): at most {MAX_PATHS}")
     expect = dict(settings.get("expect", {}))
     if settings.get("gpus") is not None:   # gpus: N is the shorthand of expect: {gpus: N}
         expect.setdefault("gpus", settings["gpus"])
@@ -593,6 +636,8 @@ def _target(name: str, settings: Dict[str, Any], source: At, **placement: Any) -
                   gpus=settings.get("gpus"), tmpdir=settings.get("tmpdir"),
                   code_cache=settings.get("code_cache", True),
                   baseline=settings.get("baseline"),
+                  paths=tuple((name, path, least) for name, (path, least)
+                              in settings.get("paths", {}).items()),
                   source=(source.file, source.line), **placement)
 
 

@@ -30,10 +30,13 @@ still running at ``--budget`` is reported as hung while the others still report.
 
 Result ``data``: ``gpus`` (the inventory), ``facts`` (flat dotted keys -> scalars: what a
 baseline compares), ``checks`` ({name: {"status", "seconds"[, "error"]}}), ``kernel_log``
-({"source", "error", "chars"}), ``worst_action``, and each check's own ``data`` under its name.
+({"source", "error", "chars"}), ``worst_action``, ``clock`` ({"wall_s": this node's wall clock
+read last, "run_s": the run's length on its monotonic clock}: the client brackets it), and each
+check's own ``data`` under its name.
 Every finding carries ``action``: none < monitor < app < reset-gpu < reboot < drain < rma.
 
 Run by hand: python3 node_check.py [--expect '{"gpus": 8, "ib_rate": 400}'] [--no-dcgm]
+             [--paths '[{"name": "ckpt", "path": "/ckpt", "min_free_gb": 500}]']
 """
 
 import json
@@ -88,6 +91,9 @@ def build_parser():
     p.add_argument("--expect", default="{}", metavar="JSON",
                    help="what a healthy node has: {gpus, ib_ports, ib_rate, nvlinks_per_gpu, "
                         "pcie_width, pcie_gen} (hosts.yaml expect:)")
+    p.add_argument("--paths", default="[]", metavar="JSON",
+                   help="directories whose free space the host check reads: [{name, path, "
+                        "min_free_gb}] (hosts.yaml paths:)")
     p.add_argument("--kernel-log-file", metavar="FILE",
                    help="read this saved kernel log instead of journalctl -k / dmesg")
     p.add_argument("--since", default="24h", metavar="AGE",
@@ -447,15 +453,42 @@ def summarise(gpus, findings, checks):
     return "%s: %s%s" % (worst_action(problems) or "monitor", top["message"], more)
 
 
-def parse_expect(text):
+def json_argument(flag, text, empty, kind, wanted):
+    """A flag's one JSON token (hosts.yaml's block, as the client sent it), of type ``kind``;
+    bad input ends the run with the flag named (by hand: a typo on the command line)."""
     try:
-        expect = json.loads(text or "{}")
+        value = json.loads(text or empty)
     except ValueError as e:
-        raise SystemExit("--expect: not JSON: %s" % e)
-    if not isinstance(expect, dict):
-        raise SystemExit("--expect: a JSON object, like {\"gpus\": 8}")
+        raise SystemExit("%s: not JSON: %s" % (flag, e))
+    if not isinstance(value, kind):
+        raise SystemExit("%s: %s" % (flag, wanted))
+    return value
+
+
+def parse_expect(text):
+    expect = json_argument("--expect", text, "{}", dict, 'a JSON object, like {"gpus": 8}')
     return {k: v for k, v in expect.items()
             if k in EXPECT_KEYS and isinstance(v, int) and not isinstance(v, bool)}
+
+
+MAX_PATHS = 32
+
+
+def parse_paths(text):
+    """``--paths``: [{"name", "path", "min_free_gb"}] as hosts.yaml's ``paths:`` checked them;
+    by hand, an entry that is not one is left out."""
+    paths = json_argument("--paths", text, "[]", list,
+                          'a JSON list, like [{"name": "ckpt", "path": "/ckpt", "min_free_gb": 500}]')
+    out = []
+    for entry in paths[:MAX_PATHS]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("path"), str) and entry["path"].startswith("/")):
+            continue
+        least = entry.get("min_free_gb")
+        if isinstance(least, bool) or not isinstance(least, (int, float)) or least < 0:
+            least = None
+        out.append({"name": entry["name"], "path": entry["path"], "min_free_gb": least})
+    return out
 
 
 def dcgm_budget(level):
@@ -478,7 +511,11 @@ def tool_timeout_for(given, budget):
 
 
 def run(args):
-    started = time.monotonic()
+    # this run's length on the node's own monotonic clock: the client brackets the node's wall
+    # clock at the end of it between its own clock at the job's start and at the answer
+    # (builtin/node_check/clock.py): the shorter the unknown part, the tighter the bound; the
+    # --budget counts from here too
+    began = time.monotonic()
     expect = parse_expect(args.expect)
     run_tool = ToolRunner()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CHECKS)
@@ -502,9 +539,9 @@ def run(args):
                "dcgm_level": dcgm_level, "tool_timeout": args.tool_timeout,
                # the fabric manager's log is read over the same window as the kernel's
                "log_since": time.time() - span if span is not None else None,
-               "under_load": False}
+               "under_load": False, "paths": parse_paths(args.paths)}
     # the budget counts from the start: what the inventory and the kernel log took is spent
-    left = max(1.0, budget - (time.monotonic() - started))
+    left = max(1.0, budget - (time.monotonic() - began))
     more, check_facts, checks, check_data = run_checks(names, expect, run_tool, options, left)
     findings.extend(more)
     facts.update(check_facts)
@@ -519,7 +556,9 @@ def run(args):
         data["inventory"] = inventory_note
     data.update(check_data)
     data["worst_action"] = worst_action(findings)
-    return {"summary": summarise(gpus, findings, checks), "findings": findings, "data": data}
+    summary = summarise(gpus, findings, checks)
+    data["clock"] = {"wall_s": time.time(), "run_s": round(time.monotonic() - began, 6)}
+    return {"summary": summary, "findings": findings, "data": data}
 
 
 def read_kernel_log(run_tool, args, findings):

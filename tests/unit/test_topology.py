@@ -1082,6 +1082,9 @@ FIELD_VALUES = {
     "expect": st.dictionaries(st.sampled_from(["gpus", "ib_ports", "ib_rate", "pcie_gen", "ib_rat"]),
                               st.integers(0, 9) | st.just(400) | st.just("8"), max_size=3),
     "baseline": st.sampled_from(["golden.yaml", "~/g.yaml", "/abs/g.yaml", 3, ""]),
+    "paths": st.dictionaries(st.sampled_from(["ckpt", "data", "-x"]), st.sampled_from(
+        ["/ckpt", "/my data", "rel", {"path": "/c", "min_free_gb": 5}, {"path": "/c", "min_free_gb": -1},
+         {"min_free_gb": 1}, {"path": "/c", "min_gb": 1}]), max_size=2),
 }
 
 

@@ -4,6 +4,8 @@ only the client can do with all the answers together:
 - ``--baseline FILE``: every fact that differs from the saved baseline, per node; without
   it, every fact in which a node differs from the majority of the selected nodes
   (``baseline.deviations``) -- added as findings before anything is saved or shown;
+- each node's clock against this machine's (measured through the job's follow-up) and the
+  other nodes' (``clock.findings``), added as findings the same way;
 - ``--save-baseline FILE``: the nodes' facts saved for a later ``--baseline``;
 - ``--prom FILE``: a node-exporter textfile-collector file (``prom.write``);
 - Slurm: ``--drain`` drains the nodes whose worst action is drain or worse; without a flag,
@@ -28,6 +30,7 @@ import sys
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from . import baseline as baseline_mod, drain as drain_mod, view as node_view, prom as prom_mod
+from . import clock as clock_mod
 from ...engine import execute as engine, jobs
 from ...core import results as results_mod, termination
 from . import golden as golden_mod, taint as taint_mod, undrain as undrain_mod
@@ -70,11 +73,13 @@ def judge(values: Mapping[str, Any], hosts: Any = None) -> Callable[[List[Result
     ``--baseline FILE`` (read here, before anything connects: a file that is not a baseline is
     bad input), else from the golden file hosts.yaml names for the target (``hosts``: the
     task's Topology; a runbook step has none), else from the majority of the nodes, as
-    findings (golden.judgement)."""
+    findings (golden.judgement); and each node's clock against this machine's and the other
+    nodes' (``clock.findings``)."""
     deviations = golden_mod.judgement(values.get("baseline"), hosts)
 
     def amend(results: List[Result]) -> None:
         amend_with(deviations(results))(results)
+        amend_with(clock_mod.findings(results))(results)
     return amend
 
 
