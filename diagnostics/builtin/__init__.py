@@ -27,7 +27,7 @@ def _gpu_status_argv(target: Any) -> List[str]:
     return ([f"--expect-gpus={gpus}"] if gpus is not None else []) + smi_memory.known_argv(target.name)
 
 
-def _remember_smi(values: Values) -> Callable[[List[Any]], None]:
+def _remember_smi(values: Values, hosts: Any = None) -> Callable[[List[Any]], None]:
     from .gpu_status import smi_memory
     return smi_memory.remember
 
@@ -89,9 +89,9 @@ def _node_check_check(values: Values) -> None:
     node_check_run.check(values)
 
 
-def _node_check_judge(values: Values) -> Callable[[List[Any]], None]:
+def _node_check_judge(values: Values, hosts: Any = None) -> Callable[[List[Any]], None]:
     from .node_check import run as node_check_run
-    return node_check_run.judge(values)
+    return node_check_run.judge(values, hosts)
 
 
 def _node_check_view(results, stream, *, color=False) -> None:
@@ -114,12 +114,12 @@ def _stacks_check(values: Values) -> None:
     stacks_run.check_values(values)
 
 
-def _stacks_judge(values: Values) -> Callable[[List[Any]], None]:
+def _stacks_judge(values: Values, hosts: Any = None) -> Callable[[List[Any]], None]:
     from .stacks import run as stacks_run
     return stacks_run.amend
 
 
-def _step_times_judge(values: Values) -> Callable[[List[Any]], None]:
+def _step_times_judge(values: Values, hosts: Any = None) -> Callable[[List[Any]], None]:
     from . import step_times
     return step_times.amend
 
@@ -149,7 +149,7 @@ def _nccl_timeout(values: Values) -> Optional[float]:
     return float(budget or 90) + 30.0
 
 
-def _nccl_judge(values: Values) -> Callable[[List[Any]], None]:
+def _nccl_judge(values: Values, hosts: Any = None) -> Callable[[List[Any]], None]:
     from .nccl_check import fleet
     return fleet.judge(values)
 

@@ -299,7 +299,8 @@ def run_diagnostic(spec, opts: Options, values: Mapping[str, Any], *,
     if spec.run is not None:
         return spec.run(opts, given, out=out)
     return execute(opts, jobs.job_source(spec.name, given), out=out, after_table=spec.view,
-                   amend=spec.judge(given), fan_out=spec.fan_out(given))
+                   amend=spec.judge(given, topology.load(opts.hosts_file)),
+                   fan_out=spec.fan_out(given))
 
 
 def execute(opts: Options, job: JobSource, *, out: TextIO = None,

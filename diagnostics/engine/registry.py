@@ -81,7 +81,7 @@ def _no_check(values: Values) -> None:
     return None
 
 
-def _no_judge(values: Values) -> Optional[Callable[[List[Any]], None]]:
+def _no_judge(values: Values, hosts: Any = None) -> Optional[Callable[[List[Any]], None]]:
     return None
 
 
@@ -114,8 +114,9 @@ class DiagnosticSpec:
     # bad input in the values, found before anything connects (InputError, exit 4)
     check: Callable[[Values], None] = _no_check
     # a look at every target's result together, before any is saved or shown, given the
-    # values: the fleet judgement a task and a runbook step both apply (None: none)
-    judge: Callable[[Values], Optional[Callable[[List[Any]], None]]] = _no_judge
+    # values and the run's hosts file (its Topology; None where a caller has none): the fleet
+    # judgement a task and a runbook step both apply (None: none)
+    judge: Callable[[Values, Any], Optional[Callable[[List[Any]], None]]] = _no_judge
     # what the task prints after the table (results, stream, color=...)
     view: Optional[Callable[..., None]] = None
     # the task's common options as the values change them (env-report: --diff unless --full)

@@ -239,7 +239,7 @@ def _leave(sr: StepRun, gone: Dict[str, Skip]) -> None:
                                                      f"({step.id}: {status}; stop_if: {step.stop_if})")
 
 
-def _step_hooks(book: Runbook, values: Dict[str, str], hook: str) -> Dict[str, Callable[..., Any]]:
+def _step_hooks(book: Runbook, values: Dict[str, str], hook: str, *more: Any) -> Dict[str, Callable[..., Any]]:
     """Each step's answer to its task's ``hook`` (``registry.DiagnosticSpec``: ``judge``, the fleet
     judgement; ``fan_out``, how its targets run together), from the step's client-side arguments
     (one value for the whole step), where it has one. A step that refers to a parameter not
@@ -249,16 +249,16 @@ def _step_hooks(book: Runbook, values: Dict[str, str], hook: str) -> Dict[str, C
         if step.task == runbook.SCRIPT_TASK or any(p not in values for p in step.params):
             continue
         spec = registry.get(step.task)
-        answer = getattr(spec, hook)(step.resolve(values, None, [a.name for a in spec.args if a.client]))
+        answer = getattr(spec, hook)(step.resolve(values, None, [a.name for a in spec.args if a.client]), *more)
         if answer is not None:
             found[step.id] = answer
     return found
 
 
-def _judges(book: Runbook, values: Dict[str, str]) -> Dict[str, Callable[[List[Result]], None]]:
+def _judges(book: Runbook, values: Dict[str, str], hosts: Any = None) -> Dict[str, Callable[[List[Result]], None]]:
     """Each step's fleet judgement, as its task applies it (node-check's baseline and outliers,
-    stacks' fold)."""
-    return _step_hooks(book, values, "judge")
+    hosts.yaml's golden files given ``hosts``, the run's Topology; stacks' fold)."""
+    return _step_hooks(book, values, "judge", hosts)
 
 
 def run(book: Runbook, targets: Sequence[Target], params: Dict[str, str], *,
@@ -416,7 +416,7 @@ def execute(opts: engine.Options, name: str, *, params: Sequence[str] = (),
     book = runbook.find(name, _dirs(opts.hosts_file, runbooks_dirs))
     given = _parse_params(params)
     values = book.param_values(given)
-    judges = _judges(book, values)        # a step's --baseline file read here,
+    judges = _judges(book, values, topology.load(opts.hosts_file))   # a step's --baseline file read here,
     scripts = _scripts(book, values)      # and a run-script step's files
     targets = engine.select_targets(opts)
     save = _SavedRun(opts.save, book, targets) if opts.save else None   # before connecting

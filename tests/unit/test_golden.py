@@ -460,6 +460,14 @@ def test_init_then_one_node_changed_then_the_diff_names_that_node_and_fact(fleet
              for d in json.loads(r.stdout)}
     assert found == {"n1": [], "n2": [], "n3": ["gpu.gpu3.ecc_mode: Disabled, golden Enabled"]}
 
+    # and a runbook's node-check step judges the same way (the step runs the task's judgement
+    # with the run's hosts file): the built-in node-health runbook
+    r = mldiag("runbook", "node-health", "-g", "h200", "--json", "--hosts-file", hosts, cwd=tmp_path)
+    steps = {s["id"]: s for s in json.loads(r.stdout)["steps"]}
+    found = {x["target"]: [f["message"] for f in x["findings"] if f["check"] == "baseline"]
+             for x in steps["node-check"]["results"]}
+    assert found == {"n1": [], "n2": [], "n3": ["gpu.gpu3.ecc_mode: Disabled, golden Enabled"]}, r.stdout
+
 
 def test_a_bad_golden_file_stops_node_check_before_anything_runs(fleet, tmp_path):
     (tmp_path / "golden.yaml").write_text("schema: 1\nfacts:\n  driver: {a: 1}\n")
