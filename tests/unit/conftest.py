@@ -4,6 +4,7 @@ rather than asks for, in tests/programs.py)."""
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,22 @@ def counted_ssh(tmp_path, monkeypatch):
     def calls() -> int:
         return len(log.read_text().splitlines()) if log.exists() else 0
     return calls
+
+
+@pytest.fixture
+def nobodys_dir():
+    """A directory another user can reach (0755 under /tmp, whatever the checkout's and pytest's
+    temp dirs allow: a clone in a 0700 home, pytest-of-root is 0700), holding ``scripts/``, a
+    world-readable copy of diagnostics/scripts, for a test that runs a check as nobody."""
+    root = Path(tempfile.mkdtemp(prefix="mldiag-nobody-"))
+    try:
+        os.chmod(root, 0o755)
+        shutil.copytree(Path(REPO) / "diagnostics" / "scripts", root / "scripts",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for d, _, files in os.walk(root / "scripts"):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -504,22 +504,26 @@ CHECK_PATHS = textwrap.dedent('''
 
 
 @root_only
-def test_a_path_this_user_cannot_reach(tmp_path):
+def test_a_path_this_user_cannot_reach(nobodys_dir):
     """node-check run as a user the path's parent keeps out (0700, root's): the stat fails with
-    EACCES, said as such (not "does not exist")."""
-    (tmp_path / "private" / "ckpt").mkdir(parents=True)
-    (tmp_path / "private").chmod(0o700)
-    os.chmod(tmp_path, 0o755)
-    # the system's python3: this one may be under a directory the user cannot enter (pyenv's)
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-                        CHECK_PATHS, str(SCRIPTS), str(tmp_path / "private" / "ckpt")],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    (state,), (f,) = json.loads(p.stdout)
+    EACCES, said as such (not "does not exist"). Everything above "private" is open to that
+    user, and the same path is read as root."""
+    ckpt = nobodys_dir / "private" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (nobodys_dir / "private").chmod(0o700)
+
+    def as_user(prefix):
+        # the system's python3: this one may be under a directory the user cannot enter (pyenv's)
+        p = subprocess.run(prefix + ["/usr/bin/python3", "-c", CHECK_PATHS, str(nobodys_dir / "scripts"), str(ckpt)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+    (state,), (f,) = as_user(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
     assert (state["state"], state["error"]) == ("error", "Permission denied"), state
     assert (f["code"], f["level"], f["action"], f["message"]) == (
-        "path-missing", "warn", "monitor",
-        "hosts.yaml path ckpt (%s) cannot be read: Permission denied" % (tmp_path / "private" / "ckpt"))
+        "path-missing", "warn", "monitor", "hosts.yaml path ckpt (%s) cannot be read: Permission denied" % ckpt)
+    (state,), _ = as_user([])
+    assert state["state"] == "ok", state
 
 
 def test_a_stat_child_that_cannot_start_is_said(tmp_path, monkeypatch):

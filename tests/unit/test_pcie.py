@@ -495,21 +495,21 @@ print(json.dumps(got))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the check as nobody")
-def test_sysfs_acs_not_readable_by_an_unprivileged_user():
+def test_sysfs_acs_not_readable_by_an_unprivileged_user(nobodys_dir):
     """The bridges' config files as sysfs has them for root only past 64 bytes: here 4096 bytes
     of mode 0600, read by nobody (a real permission refusal; sysfs itself hands nobody 64
     bytes, which acs_control takes the same way)."""
-    import tempfile
-    root = Path(tempfile.mkdtemp(prefix="mldiag-acs-"))
+    root = nobodys_dir / "sys"
     try:
-        os.chmod(root, 0o755)
+        root.mkdir(mode=0o755)
         _switch_tree(root, acs_on_gpu_port=0b1101)
         for d, _, files in os.walk(root):
             os.chmod(d, 0o755)
             for f in files:
                 os.chmod(os.path.join(d, f), 0o600 if f == "config" else 0o644)
-        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                            "-c", AS_NOBODY, str(REPO / "diagnostics" / "scripts"), str(root)],
+        # the system's python3: this one may be in a checkout nobody cannot enter (a 0700 home)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                            "-c", AS_NOBODY, str(nobodys_dir / "scripts"), str(root)],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         r = json.loads(p.stdout)
