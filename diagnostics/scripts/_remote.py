@@ -98,7 +98,16 @@ def _executable(path):
     return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
 
 
-def find_tool(name, extra_dirs, path=None):
+# Where drivers and DCGM put their tools when PATH (a non-login shell's, a container's, sudo's
+# secure_path) lacks them: every check that looks for nvidia-smi, dcgmi and the like
+TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib",
+             "/bin", "/sbin")
+# GPU memory in use with no process to show for it worth a word (gpu-status's note, gpu-host's
+# leak): below it, a driver's own context or a display
+HELD_MIB = 1024
+
+
+def find_tool(name, extra_dirs=TOOL_DIRS, path=None):
     """``which(name)``, else the first of ``extra_dirs`` that holds it: the places drivers put
     their tools when PATH (a non-login shell's, a container's, sudo's secure_path) lacks them."""
     found = which(name, path=path)

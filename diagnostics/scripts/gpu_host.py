@@ -55,7 +55,7 @@ import _remote
 CHECK = "gpu-host"
 # Memory in use worth calling held: an idle datacenter GPU reads 0 MiB, a display's desktop some
 # hundreds (those GPUs are left out anyway); gpu-status's note on unattributed memory uses the same.
-LEAK_MIB = 1024
+LEAK_MIB = _remote.HELD_MIB
 LEAK_RECHECK_S = 1.0
 # The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO, fixed since Linux 3.8):
 # /proc/self/ns/pid of any process outside a PID namespace of its own.

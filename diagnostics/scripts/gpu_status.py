@@ -103,10 +103,9 @@ DIAGNOSTIC = "gpu-status"
 DEFAULT_TIMEOUT = 20.0
 KERNEL_LOG_BUDGET_S = 5.0
 KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
-UNATTRIBUTED_MIB = 1024  # memory in use without a visible process worth a note
-# Where drivers put nvidia-smi when it is not on PATH (non-login shells, containers, WSL).
-EXTRA_TOOL_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib",
-                   "/opt/rocm/bin", "/opt/habanalabs/bin"]
+UNATTRIBUTED_MIB = _remote.HELD_MIB  # memory in use without a visible process worth a note
+# Where drivers put their tools when not on PATH (_remote's), and the other vendors' SMIs
+EXTRA_TOOL_DIRS = list(_remote.TOOL_DIRS) + ["/opt/rocm/bin", "/opt/habanalabs/bin"]
 NVML_LIBRARY = "libnvidia-ml.so.1"      # named in messages; nvml.py loads it
 
 

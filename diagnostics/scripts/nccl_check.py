@@ -291,7 +291,7 @@ def find_nccl_tests(op, path=None):
 
 def gpu_names():
     """The GPUs ``nvidia-smi -L`` lists (names), or [] without it."""
-    smi = _remote.find_tool("nvidia-smi", ["/usr/bin", "/usr/local/nvidia/bin"])
+    smi = _remote.find_tool("nvidia-smi")
     if not smi:
         return []
     import subprocess

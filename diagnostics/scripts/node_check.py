@@ -57,9 +57,7 @@ CHECKS = ("xid", "nvlink", "fabric", "pcie", "ib", "dcgm", "host", "gpu-host")
 # A check's module file, where its name would shadow a well-known package (or is no identifier).
 MODULE_OF = {"fabric": "nvfabric", "host": "host_checks", "gpu-host": "gpu_host"}
 EXPECT_KEYS = ("gpus", "ib_ports", "ib_rate", "nvlinks_per_gpu", "pcie_width", "pcie_gen")
-# where drivers and DCGM put their tools when PATH (a container's, sudo's secure_path) lacks them
-EXTRA_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",
-                   "/bin", "/sbin")
+EXTRA_TOOL_DIRS = _remote.TOOL_DIRS
 DEFAULT_TOOL_TIMEOUT = 10.0
 DEFAULT_BUDGET = 60.0
 MAX_OUTPUT = 4 * 1024 * 1024      # a tool's stdout/stderr kept, each

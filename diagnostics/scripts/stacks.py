@@ -425,7 +425,7 @@ def run(args, proc="/proc"):
                              "message": "wait_frames.json unreadable: %s" % e})
         if rules is not None:
             t0 = time.monotonic()
-            gpus = GpuSampler(_remote.find_tool("nvidia-smi", NVIDIA_TOOL_DIRS))
+            gpus = GpuSampler(_remote.find_tool("nvidia-smi"))
             try:
                 per_pid, rounds = sample_window(found, proc, py_spy, window, rate, rules, also=gpus.tick)
             finally:
@@ -602,8 +602,6 @@ def sample_window(found, proc, py_spy, window, rate, rules, clock=time.monotonic
     return dict((pid, summarise_samples(got)) for pid, got in samples.items()), rounds
 
 
-# Where drivers put nvidia-smi when PATH (sudo's secure_path, a container's) lacks it.
-NVIDIA_TOOL_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib")
 GPU_FIELDS = "index,uuid,utilization.gpu,power.draw,power.limit"
 GPU_PERIOD = 1.0                  # seconds between two nvidia-smi queries in a window
 GPU_HUNG_AFTER = 5.0              # a query still running after this is hung: no more are started
