@@ -46,8 +46,14 @@ def hosts(lab, **containers):
 
 
 def in_ct(lab, vmid, script, input=None):
-    r = lab.ssh("main", "sudo", "-n", "pct", "exec", str(vmid), "--", "/bin/sh", "-c",
-                "'" + script.replace("'", "'\\''") + "'", input=input)
+    for attempt in range(3):
+        r = lab.ssh("main", "sudo", "-n", "pct", "exec", str(vmid), "--", "/bin/sh", "-c",
+                    "'" + script.replace("'", "'\\''") + "'", input=input)
+        # NOTE: lxc-attach re-executes itself from a sealed memfd first; once in CI the seal
+        # failed (EBUSY: "Failed to rexec as memfd") and lxc-attach aborted in its error path
+        # (exit 134) before the command ran. LXC's own transient failure: the command again.
+        if not (r.returncode == 134 and "Failed to rexec as memfd" in r.stderr):
+            break
     assert r.returncode == 0, (script, r.stdout, r.stderr)
     return r.stdout
 
