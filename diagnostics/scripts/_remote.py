@@ -107,6 +107,15 @@ TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/nvidia/bin",
 HELD_MIB = 1024
 
 
+def rdma_devices(sys_root="/sys"):
+    """The RDMA devices the kernel registered (/sys/class/infiniband: mlx5_0, ...), sorted;
+    where memlock, GPUDirect RDMA and ACS matter."""
+    try:
+        return sorted(os.listdir(os.path.join(sys_root, "class", "infiniband")))
+    except OSError:
+        return []
+
+
 def find_tool(name, extra_dirs=TOOL_DIRS, path=None):
     """``which(name)``, else the first of ``extra_dirs`` that holds it: the places drivers put
     their tools when PATH (a non-login shell's, a container's, sudo's secure_path) lacks them."""

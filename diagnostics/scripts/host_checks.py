@@ -373,13 +373,6 @@ def path_findings(states, timeout):
 
 # --------------------------------------------------------------------------- the check
 
-def rdma_devices(sys_root="/sys"):
-    try:
-        return sorted(os.listdir(os.path.join(sys_root, "class", "infiniband")))
-    except OSError:
-        return []
-
-
 def check(expect, run_tool, **options):
     """The node-check module API: ``{"findings": [...], "facts": {...}}``. Options used:
     ``gpus`` (node-check's inventory), ``sys_root``, ``proc_root``, ``shm_path``,
@@ -406,7 +399,7 @@ def check(expect, run_tool, **options):
                 "another job) hold it" % (free, total), "app",
                 hint="remove stale files under /dev/shm (a crashed job's NCCL/torch segments)"))
 
-    rdma = rdma_devices(sys_root)
+    rdma = _remote.rdma_devices(sys_root)
     lock = memlock()
     facts["host.memlock"] = lock
     if rdma and lock != "unlimited":

@@ -622,13 +622,6 @@ def _aer_findings(dev):
 # --------------------------------------------------------------------------- entry point
 
 
-def rdma_present(sys_root="/sys"):
-    """Whether any RDMA device is registered (/sys/class/infiniband): where ACS matters."""
-    try:
-        return bool(os.listdir(os.path.join(sys_root, "class", "infiniband")))
-    except OSError:
-        return False
-
 
 def check(expect, run_tool, **options):
     """The node-check module API: ``{"findings": [...], "facts": {...}}``. Uses
@@ -638,7 +631,7 @@ def check(expect, run_tool, **options):
     devices = read_devices(sys_root)
     findings, facts = assess(devices, options.get("gpus") or [], expect or {},
                              bool(options.get("under_load")))
-    if devices and rdma_present(sys_root):
+    if devices and _remote.rdma_devices(sys_root):
         more, acs_facts = assess_acs(devices, *sysfs_topology(devices, sys_root))
         findings.extend(more)
         facts.update(acs_facts)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, TextIO, Tuple
 
 from . import drain as drain_mod, prom as prom_mod, view as node_view
+from .run import write_output
 from ...core.errors import EXIT_ERROR, InputError
 from ...engine import execute as engine, jobs
 from ...inventory.targets import Target
@@ -125,7 +126,6 @@ def run(settings: Settings, out: TextIO, *, clock: Callable[[], float] = time.mo
                                       for line in drain_mod.lines(outcomes)))
     problems = []
     if settings.prom:
-        from .run import write_output
         problem = write_output("--prom", settings.prom, lambda: prom_mod.write(settings.prom, outcome.results))
         if problem:
             problems.append(problem[1])
