@@ -67,11 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write node-exporter's textfile-collector file")
     p.add_argument("--expect", type=parse_expect, metavar="JSON",
                    help='what a healthy node has, as hosts.yaml expect: ({"gpus": 8, "ib_ports": 8})')
-    p.add_argument("--kernel-log-file", metavar="FILE", help="read this saved kernel log")
-    p.add_argument("--since", metavar="AGE", help="how far back the kernel log is read (default 24h)")
-    p.add_argument("--dcgm-level", choices=("1", "2", "3"), help="dcgmi diag level (default 1 "
-                                                                   "where dcgmi is installed)")
-    p.add_argument("--no-dcgm", action="store_true", help="do not run dcgmi diag")
+    for arg in here.forwarded_args():   # node-check's own (--kernel-log-file, --since, ...)
+        kw = {"dest": "check_" + arg.python_name, "help": arg.help.replace("%", "%%")}
+        if arg.kind == "bool":
+            kw["action"] = "store_true"
+        else:
+            kw.update(metavar=arg.value_name, choices=arg.choices or None,
+                      type=int if arg.kind == "int" else str)
+        p.add_argument(f"--{arg.name}", **kw)
     return p
 
 
@@ -81,10 +84,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     drains the node and requeues the job: only a finding may do that, never a typo in a wrapper
     script copied to every node."""
     health = here.mode_of(os.environ) == "health"
+    registry.use(BUILTIN)
     try:
         args = build_parser().parse_args(argv)
         health = (args.mode or here.mode_of(os.environ)) == "health"
-        registry.use(BUILTIN)
         return here.run(here.settings_from(args), sys.stdout)
     except BadInput as exc:
         sys.stderr.write(f"{exc}\n")

@@ -122,3 +122,22 @@ def test_it_runs_without_path_home_or_slurm_conf_and_imports_no_invoke_fabric_or
     assert "cannot read the node's Slurm state on n7" in run.stdout
     assert "nothing to drain or resume" not in run.stdout   # a failed read is not "nothing to do"
     assert 'mldiag_node_check_status{target="n7"' in prom.read_text()
+
+
+def test_node_checks_own_flags_come_from_its_spec_in_the_registry():
+    """One place: the flags node-check sends to the node are this command's too (less --budget,
+    which here is the whole run's); a value reaches the node-check job as the task's would."""
+    from diagnostics.builtin import BUILTIN
+    from diagnostics.engine import jobs, registry
+    from diagnostics.inventory.targets import Target
+    registry.use(BUILTIN)
+    sent = [a.name for a in BUILTIN.specs["node-check"].args if not a.client]
+    assert [a.name for a in here.forwarded_args()] == [n for n in sent if n != "budget"]
+    assert {"kernel-log-file", "since", "dcgm-level", "no-dcgm"} <= set(sent)
+    args = node_health.build_parser().parse_args(["--since", "2h", "--no-dcgm", "--node", "n1"])
+    settings = here.settings_from(args, env={})
+    assert dict(settings.values) == {"since": "2h", "no-dcgm": True}
+    job = jobs.job_source("node-check", {**settings.values, "budget": "20"})(Target(name="n1", local=True))
+    assert {"--since=2h", "--no-dcgm", "--budget=20"} <= set(job.argv)
+    with pytest.raises(node_health.BadInput, match="--dcgm-level"):
+        node_health.build_parser().parse_args(["--dcgm-level", "4"])

@@ -35,12 +35,12 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, TextIO, Tuple
 
 from . import drain as drain_mod, prom as prom_mod, view as node_view
 from .run import write_output
 from ...core.errors import EXIT_ERROR, InputError
-from ...engine import execute as engine, jobs
+from ...engine import execute as engine, jobs, registry
 from ...inventory.targets import Target
 from ...inventory.topology import NAME
 from ...transport.local import LocalTransport
@@ -142,12 +142,17 @@ def run(settings: Settings, out: TextIO, *, clock: Callable[[], float] = time.mo
     return max([outcome.exit_code] + ([EXIT_ERROR] if problems else []))
 
 
+def forwarded_args() -> List[Any]:
+    """node-check's arguments this command takes as its own flags, from node-check's spec in
+    the registry (one place): those sent to the node, less ``budget`` (here: the whole run's)."""
+    return [arg for arg in registry.get("node-check").args if not arg.client and arg.name != "budget"]
+
+
 def settings_from(args: Any, env: Optional[Dict[str, str]] = None) -> Settings:
-    """Settings from the command line's parsed ``args`` (cli/node_health.py) and the
-    environment slurmd gave (mode and node when not given)."""
+    """Settings from the command line's parsed ``args`` (cli/node_health.py: node-check's own
+    flags under ``check_NAME``) and the environment slurmd gave (mode and node when not given)."""
     env = dict(os.environ if env is None else env)
-    values = {"kernel-log-file": args.kernel_log_file, "since": args.since,
-              "dcgm-level": args.dcgm_level, "no-dcgm": args.no_dcgm}
+    values = {arg.name: getattr(args, "check_" + arg.python_name) for arg in forwarded_args()}
     return Settings(mode=args.mode or mode_of(env), node=args.node or node_of(env),
                     budget=args.budget, act=not args.dry_run, prom=args.prom,
                     values={k: v for k, v in values.items() if v not in (None, False)},
